@@ -1,0 +1,1 @@
+"""The access-pattern language, its e-graph driver and the ONNX importer."""

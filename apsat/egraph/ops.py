@@ -1,0 +1,339 @@
+"""The op registry: one entry per construct of the access-pattern language.
+
+Each entry declares the op's argument kinds (its signature), its shape rule in Python, and
+where ONNX programs get it from. The other per-op parts live with their layer and are
+checked against this registry by tests/test_registry.py: the egglog declaration and shape
+rule (language.egg), the reference semantics (backends/reference.py) and the importer
+(egraph/importer.py).
+
+An access pattern's shape is a pair ((iterated dims), (item dims)), after Glenside.
+Argument kinds:
+  expr          a child Expr term
+  int, float    a literal
+  name          a tensor name or opaque-call key (a string)
+  list          an int tuple written `(list 1 0)`
+  shape         an int tuple written `(shape 3 3 3)`
+  exprs         a tuple of Expr terms written `(args e1 e2 ...)`
+  access-shape  an `(access-shape (shape ..) (shape ..))` term
+  pad-type      `zero-padding` or `min-padding`
+  compute-op    a compute operator term: `dot-product`, `relu`, `(clip 0.0 6.0)`, ...
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from apsat.egraph.term import ATTRIBUTE_OPS
+from apsat.errors import ShapeError
+
+Dims = tuple[int, ...]
+AccessShape = tuple[Dims, Dims]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An op of sort Expr. `shape(args, arg_shapes, env)` returns the access shape;
+    `arg_shapes` holds the AccessShape of each expr argument (tuples for `exprs`) in order.
+    `onnx` names the ONNX ops the importer lowers into this op, or says why none does."""
+
+    name: str
+    signature: tuple[str, ...]
+    shape: Callable
+    doc: str
+    onnx: tuple[str, ...] | str
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    """A compute operator: applied to every item; `item_shape(params, item)` gives the
+    result item dims. `params` are the operator's literal kinds (float/int)."""
+
+    name: str
+    params: tuple[str, ...]
+    item_shape: Callable
+    doc: str
+    onnx: tuple[str, ...] | str
+
+
+def _fail(msg: str):
+    raise ShapeError(msg)
+
+
+def _check(cond: bool, msg: str):
+    if not cond:
+        _fail(msg)
+
+
+def _prod(dims) -> int:
+    return math.prod(dims)
+
+
+# ---- shape rules -------------------------------------------------------------------------
+
+def _access_tensor(args, shapes, env):
+    name = args[0]
+    if name not in env:
+        _fail(f"access-tensor {name!r}: no shape given for tensor {name!r}")
+    return ((), tuple(env[name]))
+
+
+def _access(args, shapes, env):
+    (it, item), k = shapes[0], args[1]
+    dims = it + item
+    _check(0 <= k <= len(dims), f"access: axis {k} outside 0..{len(dims)} for {dims}")
+    return (dims[:k], dims[k:])
+
+
+def _transpose(args, shapes, env):
+    (it, item), perm = shapes[0], args[1]
+    dims = it + item
+    _check(sorted(perm) == list(range(len(dims))),
+           f"access-transpose: {list(perm)} is not a permutation of {len(dims)} axes")
+    out = tuple(dims[p] for p in perm)
+    return (out[: len(it)], out[len(it):])
+
+
+def _cartesian(args, shapes, env):
+    (ia, ta), (ib, tb) = shapes
+    _check(ta == tb, f"access-cartesian-product: item shapes differ, {ta} vs {tb}")
+    return (ia + ib, (2,) + ta)
+
+
+def _window_out(item, window, strides, dilations, op):
+    _check(len(window) == len(item) == len(strides) == len(dilations),
+           f"{op}: window {window}, strides {strides} and item dims {item} differ in rank")
+    out = []
+    for d, w, s, dl in zip(item, window, strides, dilations):
+        span = (w - 1) * dl + 1
+        _check(s > 0 and w > 0 and dl > 0, f"{op}: window, strides and dilations must be positive")
+        _check(span <= d, f"{op}: window {window} does not fit item dims {item}")
+        out.append((d - span) // s + 1)
+    return tuple(out)
+
+
+def _windows(args, shapes, env):
+    (it, item), window, strides = shapes[0], args[1], args[2]
+    return (it + _window_out(item, window, strides, (1,) * len(window), "access-windows"), window)
+
+
+def _dilated_windows(args, shapes, env):
+    (it, item), window, strides, dil = shapes[0], args[1], args[2], args[3]
+    out = _window_out(item, window, strides, dil, "access-dilated-windows")
+    return (it + out, window)
+
+
+def _squeeze(args, shapes, env):
+    (it, item), axis = shapes[0], args[1]
+    dims = it + item
+    _check(0 <= axis < len(dims) and dims[axis] == 1,
+           f"access-squeeze: axis {axis} of {dims} is not of size 1")
+    if axis < len(it):
+        return (it[:axis] + it[axis + 1:], item)
+    j = axis - len(it)
+    return (it, item[:j] + item[j + 1:])
+
+
+def _insert_axis(args, shapes, env):
+    (it, item), axis = shapes[0], args[1]
+    _check(0 <= axis <= len(it) + len(item), f"access-insert-axis: axis {axis} out of range")
+    if axis <= len(it):
+        return (it[:axis] + (1,) + it[axis:], item)
+    j = axis - len(it)
+    return (it, item[:j] + (1,) + item[j:])
+
+
+def _flatten(args, shapes, env):
+    it, item = shapes[0]
+    return ((_prod(it),), (_prod(item),))
+
+
+def _reshape(args, shapes, env):
+    it, item = shapes[0]
+    new_it, new_item = shapes[1]
+    _check(_prod(it + item) == _prod(new_it + new_item),
+           f"access-reshape: {it + item} has {_prod(it + item)} elements, "
+           f"target {new_it + new_item} has {_prod(new_it + new_item)}")
+    return (new_it, new_item)
+
+
+def _slice(args, shapes, env):
+    (it, item), axis, lo, hi = shapes[0], args[1], args[2], args[3]
+    dims = list(it + item)
+    _check(0 <= axis < len(dims), f"access-slice: axis {axis} out of range for {tuple(dims)}")
+    _check(0 <= lo < hi <= dims[axis], f"access-slice: [{lo}, {hi}) outside 0..{dims[axis]}")
+    dims[axis] = hi - lo
+    return (tuple(dims[: len(it)]), tuple(dims[len(it):]))
+
+
+def _concatenate(args, shapes, env):
+    (ia, ta), (ib, tb), axis = shapes[0], shapes[1], args[2]
+    a, b = list(ia + ta), list(ib + tb)
+    _check(len(ia) == len(ib) and len(a) == len(b),
+           f"access-concatenate: shapes {(ia, ta)} and {(ib, tb)} differ in layout")
+    _check(0 <= axis < len(a), f"access-concatenate: axis {axis} out of range")
+    _check(all(x == y for i, (x, y) in enumerate(zip(a, b)) if i != axis),
+           f"access-concatenate: {tuple(a)} and {tuple(b)} differ off axis {axis}")
+    a[axis] += b[axis]
+    return (tuple(a[: len(ia)]), tuple(a[len(ia):]))
+
+
+def _pad(args, shapes, env):
+    (it, item), axis, before, after = shapes[0], args[2], args[3], args[4]
+    dims = list(it + item)
+    _check(0 <= axis < len(dims), f"access-pad: axis {axis} out of range")
+    _check(before >= 0 and after >= 0, "access-pad: negative padding")
+    dims[axis] += before + after
+    return (tuple(dims[: len(it)]), tuple(dims[len(it):]))
+
+
+def _pair(args, shapes, env):
+    a, b = shapes
+    _check(a == b, f"access-pair: shapes differ, {a} vs {b}")
+    return (a[0], (2,) + a[1])
+
+
+def _broadcast(args, shapes, env):
+    (it, item), (tit, titem) = shapes
+    src, dst = it + item, tit + titem
+    _check(len(src) == len(dst) and all(s in (1, d) for s, d in zip(src, dst)),
+           f"access-broadcast: {src} does not broadcast to {dst}")
+    return (tit, titem)
+
+
+def _literal(args, shapes, env):
+    return ((), ())
+
+
+def _compute(args, shapes, env):
+    op = args[0]
+    it, item = shapes[0]
+    spec = COMPUTE_OPS.get(op.op)
+    if spec is None:
+        _fail(f"compute: unknown operator {op.op!r}")
+    return (it, spec.item_shape(op.args, item))
+
+
+def _systolic(args, shapes, env):
+    rows, cols = args[0], args[1]
+    (ia, ta), (ib, tb) = shapes[0], shapes[1]
+    _check(ta == (rows,), f"systolic-array {rows} {cols}: left item shape {ta} is not ({rows},)")
+    _check(ib == () and tb == (rows, cols),
+           f"systolic-array {rows} {cols}: right shape {(ib, tb)} is not ((), ({rows}, {cols}))")
+    return (ia, (cols,))
+
+
+def _opaque(args, shapes, env):
+    return ((), tuple(args[2]))
+
+
+OPS: dict[str, OpSpec] = {s.name: s for s in [
+    OpSpec("access-tensor", ("name",), _access_tensor,
+           "A named tensor (input or weight) accessed as ((), dims).", ("<graph input>", "<initializer>")),
+    OpSpec("access", ("expr", "int"), _access,
+           "Re-split an access: the first k dims are iterated, the rest are the item.", ("<layout>",)),
+    OpSpec("access-transpose", ("expr", "list"), _transpose,
+           "Permute all dims; the split stays at the same position.", ("Transpose",)),
+    OpSpec("access-cartesian-product", ("expr", "expr"), _cartesian,
+           "Every pair of items of a and b: ((ia ++ ib), (2, item)).", ("Conv", "Gemm", "MatMul")),
+    OpSpec("access-windows", ("expr", "shape", "shape"), _windows,
+           "Sliding windows (window shape, strides) over the item dims.", ("Conv", "MaxPool", "AveragePool")),
+    OpSpec("access-dilated-windows", ("expr", "shape", "shape", "shape"), _dilated_windows,
+           "access-windows with dilations (window elements spaced apart).", ("Conv",)),
+    OpSpec("access-squeeze", ("expr", "int"), _squeeze,
+           "Remove a dim of size 1.", ("Squeeze", "Conv")),
+    OpSpec("access-insert-axis", ("expr", "int"), _insert_axis,
+           "Insert a dim of size 1.", ("Unsqueeze", "MatMul")),
+    OpSpec("access-flatten", ("expr",), _flatten,
+           "Flatten the iterated dims to one and the item dims to one.",
+           "produced by rules (im2col); the importer uses access-reshape"),
+    OpSpec("access-reshape", ("expr", "access-shape"), _reshape,
+           "Reinterpret the elements (row-major) with a new access shape.",
+           ("Reshape", "Flatten", "GlobalAveragePool")),
+    OpSpec("access-slice", ("expr", "int", "int", "int"), _slice,
+           "Keep [low, high) of one axis.", ("Slice", "Split", "Gather")),
+    OpSpec("access-concatenate", ("expr", "expr", "int"), _concatenate,
+           "Join two accesses along an axis.", ("Concat", "Gather")),
+    OpSpec("access-pad", ("expr", "pad-type", "int", "int", "int"), _pad,
+           "Pad one axis (zero-padding, or min-padding = -inf for max pooling).", ("Conv", "MaxPool", "Pad")),
+    OpSpec("access-pair", ("expr", "expr"), _pair,
+           "Pair two equal-shaped accesses item by item: item (2, item).", ("Add", "Mul", "Sub", "Div", "Pow")),
+    OpSpec("access-broadcast", ("expr", "access-shape"), _broadcast,
+           "Broadcast dims of size 1 to a target access shape (same rank).", ("Expand", "Add", "Mul")),
+    OpSpec("access-literal", ("float",), _literal,
+           "A scalar constant with shape ((), ()).", ("BatchNormalization", "Constant")),
+    OpSpec("compute", ("compute-op", "expr"), _compute,
+           "Apply a compute operator to every item.", ("Relu", "Softmax", "Conv")),
+    OpSpec("systolic-array", ("int", "int", "expr", "expr"), _systolic,
+           "Hardware atom: a ((batch),(rows)) times b ((),(rows, cols)) matmul on a systolic array.",
+           "hardware atom, produced only by the systolic rules"),
+    OpSpec("opaque", ("name", "exprs", "shape"), _opaque,
+           "An ONNX node the language does not cover, run by onnxruntime: ((), out dims).",
+           ("<any op without a lowering>",)),
+]}
+
+# ---- compute operators --------------------------------------------------------------------
+
+def _to_scalar(name):
+    def rule(params, item):
+        return ()
+    return rule
+
+
+def _same(params, item):
+    return item
+
+
+def _dot(params, item):
+    _check(len(item) >= 1, "dot-product: item has no axis to pair over")
+    return ()
+
+
+def _nary(n_exact):
+    def rule(params, item):
+        _check(len(item) >= 1 and item[0] >= 2 and (n_exact is None or item[0] == n_exact),
+               f"elementwise op: item {item} needs a leading axis of "
+               f"{'at least 2' if n_exact is None else n_exact} operands")
+        return item[1:]
+    return rule
+
+
+def _lrn(params, item):
+    _check(len(item) >= 1, "lrn: item needs a channel axis")
+    return item
+
+
+COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
+    ComputeSpec("dot-product", (), _dot, "Multiply along the first item axis, sum everything.",
+                ("Conv", "Gemm", "MatMul")),
+    ComputeSpec("reduce-sum", (), _to_scalar("reduce-sum"), "Sum of the item.", ("ReduceSum", "AveragePool")),
+    ComputeSpec("reduce-max", (), _to_scalar("reduce-max"), "Maximum of the item.", ("MaxPool", "ReduceMax")),
+    ComputeSpec("reduce-mean", (), _to_scalar("reduce-mean"), "Mean of the item.",
+                ("ReduceMean", "AveragePool", "GlobalAveragePool")),
+    ComputeSpec("relu", (), _same, "max(x, 0).", ("Relu",)),
+    ComputeSpec("negative", (), _same, "-x.", ("Neg",)),
+    ComputeSpec("sqrt", (), _same, "Square root.", ("Sqrt", "BatchNormalization")),
+    ComputeSpec("exp", (), _same, "e**x.", ("Exp",)),
+    ComputeSpec("erf", (), _same, "Gauss error function.", ("Erf",)),
+    ComputeSpec("tanh", (), _same, "Hyperbolic tangent.", ("Tanh",)),
+    ComputeSpec("sigmoid", (), _same, "1 / (1 + e**-x).", ("Sigmoid",)),
+    ComputeSpec("clip", ("float", "float"), _same, "min(max(x, lo), hi).", ("Clip",)),
+    ComputeSpec("softmax", (), _same, "Softmax over all item dims.", ("Softmax",)),
+    ComputeSpec("layer-norm", ("float",), _same,
+                "(x - mean) / sqrt(var + eps) over all item dims (no scale, no bias).",
+                ("LayerNormalization",)),
+    ComputeSpec("lrn", ("int", "float", "float", "float"), _lrn,
+                "ONNX LRN (size, alpha, beta, bias) across the first item axis.", ("LRN",)),
+    ComputeSpec("elementwise-add", (), _nary(None), "Sum over the leading operand axis.",
+                ("Add", "Sum", "BatchNormalization")),
+    ComputeSpec("elementwise-mul", (), _nary(None), "Product over the leading operand axis.",
+                ("Mul", "BatchNormalization")),
+    ComputeSpec("elementwise-sub", (), _nary(2), "item[0] - item[1].", ("Sub",)),
+    ComputeSpec("elementwise-div", (), _nary(2), "item[0] / item[1].", ("Div",)),
+    ComputeSpec("elementwise-pow", (), _nary(2), "item[0] ** item[1].", ("Pow",)),
+    ComputeSpec("select", (), _nary(3), "item[1] where item[0] != 0 else item[2].", ("Where",)),
+]}
+
+PAD_TYPES = ("zero-padding", "min-padding")
+
+ATTRIBUTE_OPS.update(COMPUTE_OPS, PAD_TYPES, ["access-shape"])

@@ -1,0 +1,99 @@
+"""Program: a term DAG in the access-pattern language with everything needed to run it.
+
+A Program holds its output terms (by name), the shape of every tensor it names
+(`tensor_shapes`), and the ONNX nodes behind its opaque calls (`opaque_nodes`, keyed by the
+call's name). Shapes are checked when a Program is built, so a Program that exists is
+well-shaped; `shapes()` returns the access shape of every sub-term.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from apsat.egraph.ops import OPS, AccessShape
+from apsat.egraph.term import Term, postorder
+from apsat.errors import ShapeError
+
+
+def infer_shapes(roots, tensor_shapes: dict) -> dict[Term, AccessShape]:
+    """Access shape of every term reachable from `roots`, children first.
+    Raises ShapeError naming the op and the mismatch."""
+    shapes: dict[Term, AccessShape] = {}
+    for term in postorder(list(roots)):
+        spec = OPS.get(term.op)
+        if spec is None:
+            raise ShapeError(f"unknown op {term.op!r}")
+        arg_shapes = []
+        for kind, value in zip(spec.signature, term.args):
+            if kind == "expr":
+                arg_shapes.append(shapes[value])
+            elif kind == "exprs":
+                arg_shapes.append(tuple(shapes[v] for v in value))
+            elif kind == "access-shape":
+                arg_shapes.append(tuple(value.args))
+        shapes[term] = spec.shape(term.args, arg_shapes, tensor_shapes)
+    return shapes
+
+
+@dataclass
+class Program:
+    """Output terms plus the tensor shapes and opaque ONNX nodes they refer to."""
+
+    outputs: dict[str, Term]
+    tensor_shapes: dict[str, tuple[int, ...]]
+    opaque_nodes: dict = field(default_factory=dict)
+    cost: float | None = None          # set by extractors: the cost of this choice
+    extraction: dict | None = None     # set by extractors: method, seconds, notes
+
+    def __post_init__(self):
+        self.tensor_shapes = {k: tuple(int(d) for d in v) for k, v in self.tensor_shapes.items()}
+        self._shapes = infer_shapes(self.outputs.values(), self.tensor_shapes)
+
+    @property
+    def root(self) -> Term:
+        """The single output term; ValueError when the program has several outputs."""
+        if len(self.outputs) != 1:
+            raise ValueError(f"program has {len(self.outputs)} outputs; use .outputs")
+        return next(iter(self.outputs.values()))
+
+    @property
+    def shape(self) -> AccessShape:
+        """Access shape ((iterated dims), (item dims)) of the single output."""
+        return self._shapes[self.root]
+
+    def shape_of(self, term: Term) -> AccessShape:
+        """Access shape of any sub-term of this program."""
+        return self._shapes[term]
+
+    def terms(self) -> list[Term]:
+        """Every distinct sub-term, children before parents."""
+        return postorder(list(self.outputs.values()))
+
+    def tensor_names(self) -> list[str]:
+        """The tensors the program reads (inputs and weights), in first-use order."""
+        return [t.args[0] for t in self.terms() if t.op == "access-tensor"]
+
+    def op_counts(self) -> dict[str, int]:
+        """How many distinct nodes of each op (compute ops counted by operator)."""
+        counts: dict[str, int] = {}
+        for t in self.terms():
+            key = f"compute {t.args[0].op}" if t.op == "compute" else t.op
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def to_text(self) -> str:
+        """Surface syntax of the single output (tree form: shared terms written per use)."""
+        from apsat.egraph.syntax import to_text
+
+        return to_text(self.root)
+
+    def __repr__(self) -> str:
+        n = len(self.terms())
+        return f"<Program outputs={list(self.outputs)} nodes={n} shapes={[self._shapes[t] for t in self.outputs.values()]}>"
+
+
+def parse(text: str, shapes: dict) -> Program:
+    """Parse surface syntax into a single-output Program (output name "out").
+    `shapes` maps every tensor name the text uses to its dims."""
+    from apsat.egraph.syntax import parse_term
+
+    return Program({"out": parse_term(text)}, dict(shapes))

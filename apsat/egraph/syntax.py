@@ -1,0 +1,280 @@
+"""Surface syntax: Glenside's s-expressions to Terms and back, and Terms to egglog text.
+
+Surface form (what `apsat.parse` reads and `to_text` writes):
+    (compute dot-product (access-cartesian-product (access (access-tensor w) 1)
+                                                   (access (access-tensor x) 1)))
+    lists `(list 1 0)`, shapes `(shape 3 3 3)`, access shapes
+    `(access-shape (shape 8) (shape 3))`, opaque arguments `(args e1 e2)`,
+    compute operators `relu` or `(clip 0.0 6.0)`, pad types `zero-padding`.
+Pattern variables `?name` are allowed where a sub-term goes when `allow_vars=True`.
+
+egglog form (what the e-graph is fed): the same constructor names; int tuples become
+cons-lists `(icons 1 (icons 0 (inil)))`, opaque arguments `(econs e (enil))`, nullary
+constructors are parenthesised, names are strings.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from apsat.egraph.ops import COMPUTE_OPS, OPS, PAD_TYPES
+from apsat.egraph.term import Term
+from apsat.errors import ParseError
+
+VAR = "?var"  # op name of a pattern variable term: Term(VAR, (name,))
+_TOKEN = re.compile(r'\s*(?:(\()|(\))|("(?:[^"\\]|\\.)*")|([^\s()";]+)|(;[^\n]*))')
+
+
+def _tokenize(text: str) -> list[tuple[str, int]]:
+    tokens, pos = [], 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            if text[pos:].strip() == "":
+                break
+            raise ParseError(f"parse: unexpected character {text[pos]!r} at offset {pos}")
+        pos = m.end()
+        if m.group(5):
+            continue
+        tok = next(g for g in m.groups()[:4] if g is not None)
+        tokens.append((tok, m.start(m.lastindex)))
+    return tokens
+
+
+def _read_sexprs(text: str) -> list:
+    """Nested lists of (token, offset) atoms; explicit stack, so deep terms are fine."""
+    stack: list[list] = [[]]
+    for tok, off in _tokenize(text):
+        if tok == "(":
+            stack.append([])
+        elif tok == ")":
+            if len(stack) == 1:
+                raise ParseError(f"parse: unbalanced ')' at offset {off}")
+            done = stack.pop()
+            stack[-1].append(done)
+        else:
+            stack[-1].append((tok, off))
+    if len(stack) != 1:
+        raise ParseError("parse: missing ')' at end of text")
+    return stack[0]
+
+
+def _atom(node, what: str, ctx: str):
+    if isinstance(node, list):
+        raise ParseError(f"parse: {ctx}: expected {what}, found a parenthesised form")
+    return node[0]
+
+
+def _int(node, ctx):
+    tok = _atom(node, "an integer", ctx)
+    try:
+        return int(tok)
+    except ValueError:
+        raise ParseError(f"parse: {ctx}: expected an integer, found {tok!r}") from None
+
+
+def _float(node, ctx):
+    tok = _atom(node, "a number", ctx)
+    try:
+        return float(tok)
+    except ValueError:
+        raise ParseError(f"parse: {ctx}: expected a number, found {tok!r}") from None
+
+
+def _ints(node, ctx):
+    if not isinstance(node, list) or not node or isinstance(node[0], list) \
+            or node[0][0] not in ("list", "shape"):
+        raise ParseError(f"parse: {ctx}: expected (list ...) or (shape ...)")
+    return tuple(_int(n, ctx) for n in node[1:])
+
+
+def _name(node, ctx):
+    tok = _atom(node, "a name", ctx)
+    return tok[1:-1] if tok.startswith('"') else tok
+
+
+def _compute_op(node, ctx):
+    head, params = (node, []) if not isinstance(node, list) else (node[0], node[1:])
+    name = _atom(head, "a compute operator", ctx)
+    spec = COMPUTE_OPS.get(name)
+    if spec is None:
+        raise ParseError(f"parse: {ctx}: unknown compute operator {name!r}")
+    if len(params) != len(spec.params):
+        raise ParseError(f"parse: {ctx}: {name} takes {len(spec.params)} parameters, got {len(params)}")
+    vals = tuple(_int(p, name) if k == "int" else _float(p, name) for k, p in zip(spec.params, params))
+    return Term(name, vals)
+
+
+def _build(node, allow_vars: bool) -> Term:
+    """Build one Expr term from a parsed s-expression (iteratively over expr children)."""
+    # Work list of (node, parent_slot) resolved bottom-up via an explicit stack.
+    cache: dict[int, Term] = {}
+    stack = [(node, False)]
+    while stack:
+        cur, ready = stack.pop()
+        if not isinstance(cur, list):
+            tok = cur[0]
+            if allow_vars and tok.startswith("?"):
+                cache[id(cur)] = Term(VAR, (tok[1:],))
+                continue
+            raise ParseError(f"parse: expected an expression, found {tok!r} at offset {cur[1]}")
+        if not cur or isinstance(cur[0], list):
+            raise ParseError("parse: expected an operator name after '('")
+        op = cur[0][0]
+        spec = OPS.get(op)
+        if spec is None:
+            raise ParseError(f"parse: unknown op {op!r} at offset {cur[0][1]}")
+        args = cur[1:]
+        if len(args) != len(spec.signature):
+            raise ParseError(f"parse: {op} takes {len(spec.signature)} arguments "
+                             f"({' '.join(spec.signature)}), got {len(args)}")
+        subs = [a for k, a in zip(spec.signature, args) if k == "expr"]
+        for k, a in zip(spec.signature, args):
+            if k == "exprs":
+                if not isinstance(a, list) or not a or _atom(a[0], "args", op) != "args":
+                    raise ParseError(f"parse: {op}: expected (args ...)")
+                subs.extend(a[1:])
+        if not ready:
+            stack.append((cur, True))
+            stack.extend((s, False) for s in subs if id(s) not in cache)
+            continue
+        vals = []
+        for k, a in zip(spec.signature, args):
+            if k == "expr":
+                vals.append(cache[id(a)])
+            elif k == "exprs":
+                vals.append(tuple(cache[id(s)] for s in a[1:]))
+            elif k == "int":
+                vals.append(_int(a, op))
+            elif k == "float":
+                vals.append(_float(a, op))
+            elif k == "name":
+                vals.append(_name(a, op))
+            elif k in ("list", "shape"):
+                vals.append(_ints(a, op))
+            elif k == "access-shape":
+                if not isinstance(a, list) or len(a) != 3 or _atom(a[0], "access-shape", op) != "access-shape":
+                    raise ParseError(f"parse: {op}: expected (access-shape (shape ..) (shape ..))")
+                vals.append(Term("access-shape", (_ints(a[1], op), _ints(a[2], op))))
+            elif k == "pad-type":
+                pad = _atom(a, "a pad type", op)
+                if pad not in PAD_TYPES:
+                    raise ParseError(f"parse: {op}: unknown pad type {pad!r} (use {', '.join(PAD_TYPES)})")
+                vals.append(Term(pad, ()))
+            elif k == "compute-op":
+                vals.append(_compute_op(a, op))
+        cache[id(cur)] = Term(op, tuple(vals))
+    return cache[id(node)]
+
+
+def parse_term(text: str, allow_vars: bool = False) -> Term:
+    """Parse one surface-syntax expression into a Term; ParseError names what is wrong."""
+    forms = _read_sexprs(text)
+    if len(forms) != 1:
+        raise ParseError(f"parse: expected one expression, found {len(forms)}")
+    return _build(forms[0], allow_vars)
+
+
+# ---- printing ----------------------------------------------------------------------------
+
+def _fmt_float(x: float) -> str:
+    if math.isnan(x) or math.isinf(x):
+        raise ParseError(f"a literal {x} cannot be written in the language")
+    text = repr(float(x))
+    return text if ("." in text or "e" in text) else text + ".0"
+
+
+def _fmt_name(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z_][\w\-./:]*", name) else '"' + name.replace('"', '\\"') + '"'
+
+
+def _fmt_arg(kind: str, value, sub) -> str:
+    if kind == "expr":
+        return sub(value)
+    if kind == "exprs":
+        return "(args" + "".join(" " + sub(v) for v in value) + ")"
+    if kind == "int":
+        return str(value)
+    if kind == "float":
+        return _fmt_float(value)
+    if kind == "name":
+        return _fmt_name(value)
+    if kind in ("list", "shape"):
+        return "(" + " ".join([kind] + [str(v) for v in value]) + ")"
+    if kind == "access-shape":
+        return f"(access-shape {_fmt_arg('shape', value.args[0], sub)} {_fmt_arg('shape', value.args[1], sub)})"
+    if kind == "pad-type":
+        return value.op
+    if kind == "compute-op":
+        spec = COMPUTE_OPS[value.op]
+        if not spec.params:
+            return value.op
+        return "(" + " ".join([value.op] + [str(p) if k == "int" else _fmt_float(p)
+                                            for k, p in zip(spec.params, value.args)]) + ")"
+    raise AssertionError(kind)
+
+
+def to_text(term: Term) -> str:
+    """Surface syntax of a term (shared sub-terms are written out at each use)."""
+    from apsat.egraph.term import postorder
+
+    text: dict[int, str] = {}
+    for t in postorder(term):
+        if t.op == VAR:
+            text[id(t)] = "?" + t.args[0]
+            continue
+        spec = OPS[t.op]
+        parts = [t.op] + [_fmt_arg(k, v, lambda c: text[id(c)]) for k, v in zip(spec.signature, t.args)]
+        text[id(t)] = "(" + " ".join(parts) + ")"
+    return text[id(term)]
+
+
+# ---- egglog text ---------------------------------------------------------------------------
+
+def egg_ints(values) -> str:
+    """An int tuple as an egglog cons-list."""
+    out = "(inil)"
+    for v in reversed(values):
+        out = f"(icons {int(v)} {out})"
+    return out
+
+
+def egg_string(name: str) -> str:
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def egg_node(term: Term, ref) -> str:
+    """egglog text of one node; `ref(child)` gives the text standing for a child Expr
+    (a global name when loading statement by statement, a variable in a pattern)."""
+    if term.op == VAR:
+        return term.args[0]
+    spec = OPS[term.op]
+    parts = [term.op]
+    for kind, value in zip(spec.signature, term.args):
+        if kind == "expr":
+            parts.append(ref(value))
+        elif kind == "exprs":
+            out = "(enil)"
+            for v in reversed(value):
+                out = f"(econs {ref(v)} {out})"
+            parts.append(out)
+        elif kind == "int":
+            parts.append(str(int(value)))
+        elif kind == "float":
+            parts.append(_fmt_float(value))
+        elif kind == "name":
+            parts.append(egg_string(value))
+        elif kind in ("list", "shape"):
+            parts.append(egg_ints(value))
+        elif kind == "access-shape":
+            parts.append(f"(access-shape {egg_ints(value.args[0])} {egg_ints(value.args[1])})")
+        elif kind == "pad-type":
+            parts.append(f"({value.op})")
+        elif kind == "compute-op":
+            spec_c = COMPUTE_OPS[value.op]
+            if spec_c.params:
+                parts.append("(" + " ".join([value.op] + [str(int(p)) if k == "int" else _fmt_float(p)
+                                                         for k, p in zip(spec_c.params, value.args)]) + ")")
+            else:
+                parts.append(f"({value.op})")
+    return "(" + " ".join(parts) + ")"
