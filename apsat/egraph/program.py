@@ -14,6 +14,26 @@ from apsat.egraph.term import Term, postorder
 from apsat.errors import ShapeError
 
 
+@dataclass(frozen=True)
+class OpaqueNode:
+    """An ONNX node the language does not cover, kept whole so onnxruntime can run it alone.
+
+    `node` is the serialized NodeProto (bytes keep Programs picklable). The call's Expr
+    arguments feed the node's inputs listed in `arg_inputs` (input positions, in argument
+    order); inputs that were constants at import are in `constants` (position -> array).
+    `input_types` are the ONNX element types of all inputs (arguments are cast to them),
+    `output_index` says which output of the node the call yields, `opsets` the model's
+    opset imports as (domain, version) pairs."""
+
+    node: bytes
+    arg_inputs: tuple[int, ...]
+    constants: dict
+    input_types: tuple[int, ...]
+    output_index: int
+    output_type: int
+    opsets: tuple[tuple[str, int], ...]
+
+
 def infer_shapes(roots, tensor_shapes: dict) -> dict[Term, AccessShape]:
     """Access shape of every term reachable from `roots`, children first.
     Raises ShapeError naming the op and the mismatch."""
@@ -40,7 +60,7 @@ class Program:
 
     outputs: dict[str, Term]
     tensor_shapes: dict[str, tuple[int, ...]]
-    opaque_nodes: dict = field(default_factory=dict)
+    opaque_nodes: dict[str, OpaqueNode] = field(default_factory=dict)
     cost: float | None = None          # set by extractors: the cost of this choice
     extraction: dict | None = None     # set by extractors: method, seconds, notes
 
