@@ -1,0 +1,110 @@
+"""The top-level workflow: load, saturate, extract, verify, report.
+
+`optimize(model, target=...)` is what `apsat optimize` and `apsat zoo` run for each model;
+the OptimizeResult it returns holds the chosen program and the report written to
+report.json (ops before and after, e-graph size, seconds per phase, verification).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from apsat.egraph.program import Program
+
+
+@dataclass
+class OptimizeResult:
+    """What optimize produced: the extracted program, the loaded model and the report."""
+
+    program: Program
+    model: object
+    report: dict = field(default_factory=dict)
+
+    def run(self, inputs: dict) -> dict:
+        """Evaluate the optimised program (reference interpreter) with the model's weights;
+        returns output name -> array."""
+        from apsat.backends.reference import evaluate
+
+        out = evaluate(self.program, {**self.model.weights, **inputs})
+        return out if isinstance(out, dict) else {next(iter(self.program.outputs)): out}
+
+    def write(self, out_dir) -> Path:
+        """Write report.json and program.txt into out_dir; returns the report path."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "program.txt").write_text(
+            "\n".join(f"{name} = {_text(t)}" for name, t in self.program.outputs.items()) + "\n")
+        path = out_dir / "report.json"
+        path.write_text(json.dumps(self.report, indent=2, default=str) + "\n")
+        return path
+
+
+def _text(term) -> str:
+    from apsat.egraph.syntax import to_text
+
+    return to_text(term)
+
+
+def optimize(model, target: str = "gpu", rules=None, extractor: str = "tree",
+             verify: bool = True, seed: int = 0, iter_limit: int = 30,
+             node_limit: int = 100_000, time_limit: float = 10.0, progress=None) -> OptimizeResult:
+    """Optimise an ONNX model (a path, a ModelProto or a loaded Model) for `target`.
+
+    rules: ruleset names or rule-file paths to saturate with (None: no rewriting yet).
+    verify: compare the extracted program with onnxruntime on seeded random inputs.
+    progress: optional callable(phase_name) told when each phase starts.
+    """
+    from apsat.egraph.egraph import EGraph
+    from apsat.egraph.importer import load_onnx
+    from apsat.extract import extract
+
+    tell = progress or (lambda phase: None)
+    seconds: dict[str, float] = {}
+    t = time.perf_counter()
+    tell("import")
+    m = model if hasattr(model, "program") else load_onnx(model)
+    seconds["import"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    tell("e-graph")
+    eg = EGraph(target=target)
+    handles = eg.add_outputs(m.program)
+    nodes_loaded, classes_loaded = eg.size()
+    seconds["egraph"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    tell("saturate")
+    saturation = eg.run(list(rules), iter_limit=iter_limit, node_limit=node_limit,
+                        time_limit=time_limit) if rules else {"stop_reason": "no rules"}
+    nodes, classes = eg.size()
+    seconds["saturate"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    tell("extract")
+    program = extract(eg, handles, method=extractor)
+    seconds["extract"] = time.perf_counter() - t
+
+    report = {
+        "model": str(getattr(m, "path", "") or ""),
+        "target": target,
+        "rules": list(rules or []),
+        "ops_before": m.source_op_counts(),
+        "ops_after": program.op_counts(),
+        "egraph": {"nodes_loaded": nodes_loaded, "classes_loaded": classes_loaded,
+                   "nodes": nodes, "classes": classes},
+        "saturation": saturation,
+        "extraction": {**(program.extraction or {}), "dag_cost": program.cost},
+        "opaque_calls": sorted(program.opaque_nodes),
+        "seconds": seconds,
+    }
+    if verify:
+        from apsat.verify import verify_program
+        from apsat.zoo import random_inputs
+
+        t = time.perf_counter()
+        tell("verify")
+        report["verification"] = verify_program(m, program, random_inputs(m, seed)).to_dict()
+        seconds["verify"] = time.perf_counter() - t
+    return OptimizeResult(program, m, report)

@@ -1,0 +1,178 @@
+"""Command line: `apsat optimize`, `apsat zoo`, `apsat extract`.
+
+Every command prints a one-line error (never a traceback) for bad input and exits non-zero;
+optimize and zoo also exit non-zero when verification fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from apsat.errors import ApsatError
+
+EXIT_BAD_INPUT, EXIT_VERIFY_FAILED = 2, 1
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _optimize_one(source, name: str, args, progress, task) -> dict:
+    """Optimise one model, write its report, return the report (with `error` on failure)."""
+    from apsat.api import optimize
+
+    out_dir = Path(args.out) / name
+    try:
+        res = optimize(source, target=args.target, rules=args.rules or None,
+                       extractor=args.extractor, verify=args.verify,
+                       progress=lambda phase: progress.update(task, description=f"{name}: {phase}"))
+        res.report["model"] = name
+        res.write(out_dir)
+        return res.report
+    except ApsatError as exc:
+        return {"model": name, "error": str(exc)}
+
+
+def _summary_table(reports: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="apsat summary")
+    for col in ("model", "ops before", "nodes after", "e-graph nodes", "import s",
+                "extract s", "verify", "max abs err"):
+        table.add_column(col, justify="right" if col != "model" else "left")
+    for r in reports:
+        if "error" in r:
+            table.add_row(r["model"], "", "", "", "", "", "[red]error[/red]", r["error"][:60])
+            continue
+        v = r.get("verification")
+        status = "-" if v is None else ("[green]ok[/green]" if v["ok"] else "[red]FAIL[/red]")
+        table.add_row(r["model"], str(sum(r["ops_before"].values())), str(sum(r["ops_after"].values())),
+                      str(r["egraph"]["nodes"]), f"{r['seconds']['import']:.2f}",
+                      f"{r['seconds']['extract']:.2f}", status,
+                      "" if v is None else f"{v['max_abs_err']:.2e}")
+    return table
+
+
+def _run_models(items: list[tuple[object, str]], args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    reports = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=_console(), transient=False) as progress:
+        task = progress.add_task("models", total=len(items))
+        for source, name in items:
+            reports.append(_optimize_one(source, name, args, progress, task))
+            progress.advance(task)
+    Console().print(_summary_table(reports))
+    Console().print(f"reports written under {args.out}/")
+    if any("error" in r for r in reports):
+        return EXIT_BAD_INPUT
+    if any(r.get("verification") and not r["verification"]["ok"] for r in reports):
+        return EXIT_VERIFY_FAILED
+    return 0
+
+
+def cmd_optimize(args) -> int:
+    path = Path(args.model)
+    return _run_models([(path, path.stem)], args)
+
+
+def cmd_zoo(args) -> int:
+    """Optimise models; the light zoo's weights are all 0.02, so they get seeded random
+    weights first (otherwise verification would compare constants)."""
+    import onnx
+
+    from apsat.zoo import light_model_paths, randomize_weights
+
+    paths: list[Path] = []
+    for item in args.models or []:
+        p = Path(item)
+        paths.extend(sorted(p.glob("*.onnx")) if p.is_dir() else [p])
+    light = not args.models
+    if light:
+        paths = light_model_paths()
+    items = []
+    for p in paths:
+        if light:
+            items.append((randomize_weights(onnx.load(str(p)), seed=args.seed), p.stem))
+        else:
+            items.append((p, p.stem))
+    return _run_models(items, args)
+
+
+def cmd_extract(args) -> int:
+    from apsat.extract import EXTRACTORS
+    from apsat.extract.check import check_extraction, dag_cost
+    from apsat.extract.graph import ExtractionGraph
+
+    path = Path(args.egraph)
+    if not path.exists():
+        raise ApsatError(f"{path}: no such file")
+    try:
+        graph = ExtractionGraph.from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ApsatError(f"{path}: not an extraction-gym e-graph ({exc.__class__.__name__}: {exc})") from None
+    start = time.perf_counter()
+    choice = EXTRACTORS[args.method](graph, graph.roots, None)
+    seconds = time.perf_counter() - start
+    check_extraction(graph, choice, graph.roots)
+    result = {"method": args.method, "dag_cost": dag_cost(graph, choice, graph.roots),
+              "seconds": seconds, "optimal": False, "gap": None}
+    print(json.dumps(result) if args.json else
+          f"{args.method}: DAG cost {result['dag_cost']:.6g} in {seconds:.3f} s")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from apsat.extract import EXTRACTORS
+
+    parser = argparse.ArgumentParser(prog="apsat", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p):
+        p.add_argument("--target", default="gpu", help="gpu | systolic | systolic:RxC (default gpu)")
+        p.add_argument("--out", default="apsat-out", help="output directory (default apsat-out/)")
+        p.add_argument("--rules", nargs="*", default=[], help="ruleset names or rule files/directories")
+        p.add_argument("--extractor", default="tree", choices=sorted(EXTRACTORS))
+        p.add_argument("--seed", type=int, default=0, help="seed for random inputs/weights")
+
+    p = sub.add_parser("optimize", help="optimise one ONNX model")
+    p.add_argument("model")
+    common(p)
+    p.add_argument("--verify", action="store_true", help="compare with onnxruntime (exit 1 on mismatch)")
+    p.set_defaults(func=cmd_optimize)
+
+    p = sub.add_parser("zoo", help="optimise a set of models (default: the onnx light zoo) and verify each")
+    p.add_argument("models", nargs="*", help="models or directories (default: the light zoo in onnx)")
+    common(p)
+    p.add_argument("--no-verify", dest="verify", action="store_false")
+    p.set_defaults(func=cmd_zoo, verify=True)
+
+    p = sub.add_parser("extract", help="extract from an extraction-gym JSON e-graph")
+    p.add_argument("egraph")
+    p.add_argument("--method", default="tree", choices=sorted(EXTRACTORS))
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_extract)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ApsatError as exc:
+        print(f"apsat: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("apsat: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""From a serialised egglog e-graph of the access-pattern language back to Terms.
+
+Knows how the language is written in egglog (see syntax.egg_node): int tuples are
+`icons`/`inil` cons-lists, opaque arguments `econs`/`enil`, compute operators and pad
+types nullary or parameterised constructors, literals primitive nodes.
+"""
+from __future__ import annotations
+
+import json
+
+from apsat.egraph.ops import COMPUTE_OPS, OPS, PAD_TYPES
+from apsat.egraph.term import Term
+from apsat.extract.graph import ExtractionGraph
+
+LIST_OPS = {"inil", "icons", "enil", "econs", "access-shape"}
+CONSTRUCTORS = set(OPS) | set(COMPUTE_OPS) | set(PAD_TYPES) | LIST_OPS
+PRIMITIVE_TYPES = {"i64", "f64", "String", "bool"}
+
+
+def language_graph(data: dict) -> ExtractionGraph:
+    """An ExtractionGraph of the language's constructors and literals only (analysis
+    function rows such as `dim` are dropped)."""
+    types = {c: d.get("type", "") for c, d in data.get("class_data", {}).items()}
+
+    def extractable(nid, node):
+        if node["op"] in CONSTRUCTORS:
+            return True
+        return types.get(node["eclass"]) in PRIMITIVE_TYPES and not node["children"]
+
+    return ExtractionGraph.from_json(data, extractable)
+
+
+def _literal(graph: ExtractionGraph, cls: str):
+    """The value of a primitive class (its childless literal node)."""
+    nid = graph.classes[cls][0]
+    text = graph.nodes[nid]["op"]
+    kind = graph.class_types.get(cls)
+    if kind == "i64":
+        return int(text)
+    if kind == "f64":
+        return float(text.replace("inf", "inf"))
+    if kind == "String":
+        return json.loads(text) if text.startswith('"') else text
+    raise ValueError(f"class {cls} of type {kind!r} is not a literal")
+
+
+def _chain(graph, choice, cls, item):
+    """Walk a cons-list class: `item(head_class)` for each element, in order."""
+    out = []
+    while True:
+        nid = choice.get(cls) or graph.classes[cls][0]
+        op = graph.nodes[nid]["op"]
+        if op in ("inil", "enil"):
+            return tuple(out)
+        head, tail = graph.node_classes[nid]
+        out.append(item(head))
+        cls = tail
+
+
+def decode(graph: ExtractionGraph, choice: dict[str, str], roots) -> dict[str, Term]:
+    """Terms for the given root classes under `choice` (class id -> node id), built
+    bottom-up with an explicit stack. Returns root class id -> Term."""
+    terms: dict[str, Term] = {}
+
+    def expr_children(nid):
+        op = graph.nodes[nid]["op"]
+        kids = graph.node_classes[nid]
+        out = []
+        for kind, c in zip(OPS[op].signature, kids):
+            if kind == "expr":
+                out.append(c)
+            elif kind == "exprs":
+                out.extend(_chain(graph, choice, c, lambda h: h))
+        return out
+
+    def build(nid):
+        op = graph.nodes[nid]["op"]
+        args = []
+        for kind, c in zip(OPS[op].signature, graph.node_classes[nid]):
+            if kind == "expr":
+                args.append(terms[c])
+            elif kind == "exprs":
+                args.append(_chain(graph, choice, c, lambda h: terms[h]))
+            elif kind in ("int", "float", "name"):
+                v = _literal(graph, c)
+                args.append(float(v) if kind == "float" else v)
+            elif kind in ("list", "shape"):
+                args.append(_chain(graph, choice, c, lambda h: _literal(graph, h)))
+            elif kind == "access-shape":
+                n = choice.get(c) or graph.classes[c][0]
+                a, b = graph.node_classes[n]
+                args.append(Term("access-shape", (_chain(graph, choice, a, lambda h: _literal(graph, h)),
+                                                  _chain(graph, choice, b, lambda h: _literal(graph, h)))))
+            elif kind in ("pad-type", "compute-op"):
+                n = choice.get(c) or graph.classes[c][0]
+                params = tuple(_literal(graph, p) for p in graph.node_classes[n])
+                name = graph.nodes[n]["op"]
+                if name in COMPUTE_OPS:
+                    params = tuple(int(p) if k == "int" else float(p)
+                                   for k, p in zip(COMPUTE_OPS[name].params, params))
+                args.append(Term(name, params))
+        return Term(op, tuple(args))
+
+    for root in roots:
+        stack = [(root, False)]
+        while stack:
+            cls, ready = stack.pop()
+            if cls in terms:
+                continue
+            nid = choice[cls]
+            if ready:
+                terms[cls] = build(nid)
+                continue
+            stack.append((cls, True))
+            stack.extend((k, False) for k in expr_children(nid) if k not in terms)
+    return {r: terms[r] for r in roots}

@@ -1,0 +1,103 @@
+"""Surface syntax: parsing Glenside's programs, printing back, shapes, and parse errors."""
+import pytest
+
+import apsat
+from apsat.egraph.ops import COMPUTE_OPS, OPS
+from apsat.egraph.syntax import parse_term, to_text
+from apsat.errors import ParseError, ShapeError
+
+CONV = ("(compute dot-product (access-cartesian-product (access (access-tensor w) 1) "
+        "(access-squeeze (access-windows (access (access-tensor t) 0) (shape 3 3 3) (shape 1 1 1)) 0)))")
+
+# One program per op (and per compute operator), used for round-trip tests; each
+# parses, prints back identically, and has a valid shape under SHAPES.
+SHAPES = {"t": (3, 32, 32), "w": (8, 3, 3, 3), "x": (900, 27), "m": (4, 6), "v": (6,)}
+EXAMPLES = [
+    CONV,
+    "(access-windows (access (access-tensor t) 0) (shape 3 3 3) (shape 1 1 1))",
+    "(access-dilated-windows (access (access-tensor t) 1) (shape 3 3) (shape 2 2) (shape 2 2))",
+    "(access-transpose (access (access-tensor w) 1) (list 1 0 2 3))",
+    "(access-flatten (access (access-tensor w) 1))",
+    "(access-reshape (access (access-tensor m) 1) (access-shape (shape 2 2) (shape 6)))",
+    "(access-slice (access (access-tensor m) 1) 1 2 5)",
+    "(access-concatenate (access (access-tensor m) 1) (access (access-tensor m) 1) 0)",
+    "(access-pad (access (access-tensor t) 1) zero-padding 1 2 2)",
+    "(access-pad (access (access-tensor t) 1) min-padding 2 0 1)",
+    "(access-insert-axis (access (access-tensor m) 1) 0)",
+    "(access-squeeze (access-insert-axis (access (access-tensor m) 1) 2) 2)",
+    "(compute elementwise-add (access-pair (access (access-tensor m) 1) (access (access-tensor m) 1)))",
+    "(access-broadcast (access (access-reshape (access-tensor v) (access-shape (shape) (shape 1 6))) 1) "
+    "(access-shape (shape 4) (shape 6)))",
+    "(compute (clip -1.0 6.0) (access-literal 0.5))",
+    "(compute (lrn 5 0.0001 0.75 1.0) (access (access-tensor t) 0))",
+    "(compute (layer-norm 1e-05) (access (access-tensor m) 1))",
+    "(systolic-array 27 8 (access (access-tensor x) 1) "
+    "(access (access-transpose (access (access-reshape (access-tensor w) (access-shape (shape 8) (shape 27))) 1) (list 1 0)) 0))",
+    '(opaque node0 (args (access-tensor m) (access-tensor v)) (shape 4 6))',
+]
+
+
+@pytest.mark.parametrize("text", EXAMPLES)
+def test_round_trip(text):
+    term = parse_term(text)
+    assert to_text(term) == " ".join(text.split())
+    assert parse_term(to_text(term)) is term  # interned: same term object
+    apsat.parse(text, SHAPES)  # shapes fit
+
+
+def test_examples_cover_every_op():
+    ops = {t.op for text in EXAMPLES for t in apsat.parse(text, SHAPES).terms()}
+    assert ops == set(OPS)
+
+
+@pytest.mark.parametrize("op", sorted(COMPUTE_OPS))
+def test_every_compute_operator_round_trips(op):
+    spec = COMPUTE_OPS[op]
+    params = " ".join("3" if k == "int" else "0.5" for k in spec.params)
+    head = f"({op} {params})" if params else op
+    n = {"elementwise-sub": 2, "elementwise-div": 2, "elementwise-pow": 2, "select": 3}.get(op, 2)
+    text = f"(compute {head} (access (access-tensor a) 1))"
+    prog = apsat.parse(text, {"a": (5, n, 4)})
+    assert to_text(prog.root) == text
+
+
+def test_glenside_shapes():
+    assert apsat.parse("(access-windows (access (access-tensor t) 0) (shape 3 3 3) (shape 1 1 1))",
+                       {"t": (3, 32, 32)}).shape == ((1, 30, 30), (3, 3, 3))
+    assert apsat.parse(CONV, SHAPES).shape == ((8, 30, 30), ())
+    mm = "(compute dot-product (access-cartesian-product (access (access-tensor w) 1) (access (access-tensor x) 1)))"
+    assert apsat.parse(mm, {"w": (8, 27), "x": (900, 27)}).shape == ((8, 900), ())
+
+
+@pytest.mark.parametrize("text, message", [
+    ("(access (access-tensor t) 1", r"missing '\)'"),
+    ("(access (access-tensor t))", "takes 2 arguments"),
+    ("(acess (access-tensor t) 1)", "unknown op 'acess'"),
+    ("(compute frobnicate (access-tensor t))", "unknown compute operator"),
+    ("(access (access-tensor t) one)", "expected an integer"),
+    ("(access-pad (access-tensor t) pink-padding 0 1 1)", "unknown pad type"),
+    ("(access ?x 1)", "expected an expression"),
+])
+def test_parse_errors_name_the_problem(text, message):
+    with pytest.raises(ParseError, match=message):
+        parse_term(text)
+
+
+@pytest.mark.parametrize("text, shapes, message", [
+    ("(access-tensor q)", {}, "no shape given for tensor 'q'"),
+    ("(access-pair (access-tensor a) (access-tensor b))", {"a": (2,), "b": (3,)}, "shapes differ"),
+    ("(access-transpose (access-tensor a) (list 0 0))", {"a": (2, 2)}, "not a permutation"),
+    ("(access-windows (access (access-tensor a) 0) (shape 5) (shape 1))", {"a": (3,)}, "does not fit"),
+])
+def test_shape_errors(text, shapes, message):
+    with pytest.raises(ShapeError, match=message):
+        apsat.parse(text, shapes)
+
+
+def test_deep_program_does_not_recurse():
+    text = "(access-tensor a)"
+    for _ in range(5000):
+        text = f"(compute relu {text})"
+    prog = apsat.parse(text, {"a": (2,)})
+    assert prog.shape == ((), (2,)) and len(prog.terms()) == 5001
+    assert to_text(prog.root) == text
