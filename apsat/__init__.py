@@ -1,5 +1,26 @@
-"""apsat: equality saturation for tensor programs over Glenside-style access patterns."""
+"""apsat: equality saturation for tensor programs over Glenside-style access patterns.
+
+Public API: parse, Program, EGraph, extract, evaluate, load_onnx, optimize, ApsatError.
+The heavier parts (egglog, onnx, onnxruntime) load on first use.
+"""
 from apsat.egraph.program import Program, parse
 from apsat.errors import ApsatError
 
-__all__ = ["Program", "parse", "ApsatError"]
+__all__ = ["Program", "parse", "EGraph", "extract", "evaluate", "load_onnx", "optimize", "ApsatError"]
+
+_LAZY = {
+    "EGraph": ("apsat.egraph.egraph", "EGraph"),
+    "extract": ("apsat.extract", "extract"),
+    "evaluate": ("apsat.backends.reference", "evaluate"),
+    "load_onnx": ("apsat.egraph.importer", "load_onnx"),
+    "optimize": ("apsat.api", "optimize"),
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'apsat' has no attribute {name!r}")

@@ -1,0 +1,347 @@
+"""Reference interpreter: numpy ground truth for every construct of the language.
+
+    evaluate(program, tensors) -> np.ndarray            (program with one output)
+    evaluate(program, tensors) -> {name: np.ndarray}    (several outputs)
+
+`tensors` maps every tensor name the program reads to an array of exactly the shape in
+`program.tensor_shapes`; results are fresh float32 arrays of shape iterated ++ item dims
+of each output's access shape. Problems raise `EvaluationError` (an ApsatError and a
+ValueError) naming the tensor, op or opaque call.
+
+Values: see apsat.backends.compute_semantics. Access ops return numpy views wherever numpy
+can (windows, transposes, slices, broadcasts), `access-cartesian-product` and `access-pair`
+return lazy values, and a cartesian product consumed by `compute dot-product` becomes a
+matmul, so VGG19's first convolution written literally (~3.7e9 elements) costs its
+im2col matrix only. Terms are walked children-first with `program.terms()` (no recursion)
+and a value is dropped once its last consumer has run.
+
+Tables checked against the op registry by tests: `EVALUATORS[op](ev, term, vals)` for
+every ops.OPS name (`vals`: the values of term.children(), in order) and
+`COMPUTE_EVALUATORS` (from compute_semantics) for every ops.COMPUTE_OPS name.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from apsat.backends.compute_semantics import (COMPUTE_EVALUATORS, EvaluationError, LazyCartesian,
+                                              LazyPair, apply_compute, dense, lazy_ok)
+from apsat.egraph.program import OpaqueNode, Program
+from apsat.egraph.term import Term
+
+__all__ = ["evaluate", "EVALUATORS", "COMPUTE_EVALUATORS", "EvaluationError"]
+
+OPAQUE_IR_VERSION = 10      # onnxruntime 1.31 refuses models newer than IR 13
+DEFAULT_OPSETS = (("", 21),)
+_SESSIONS: dict[bytes, tuple] = {}   # opaque-call key -> (InferenceSession, input names, output)
+
+
+class _Evaluation:
+    """State of one evaluate() call: the program, the caller's tensors, and which terms
+    may keep an integer dtype (those consumed only by opaque calls)."""
+
+    def __init__(self, program: Program, tensors: dict, opaque_only: set[Term]):
+        self.program, self.tensors, self.opaque_only = program, tensors, opaque_only
+
+    def n_iter(self, term: Term) -> int:
+        """Number of iterated dims of a term's access shape."""
+        return len(self.program.shape_of(term)[0])
+
+    def dims(self, term: Term) -> tuple[int, ...]:
+        """All dims (iterated ++ item) of a term's access shape."""
+        it, item = self.program.shape_of(term)
+        return it + item
+
+
+# ---- access ops -----------------------------------------------------------------------------
+
+def _access_tensor(ev, term, vals):
+    """The named tensor, checked against the program's shape; float32 unless an integer or
+    bool tensor feeds opaque calls only (casting int64 indices to float32 could round)."""
+    name = term.args[0]
+    if name not in ev.tensors:
+        raise EvaluationError(f"access-tensor: no value given for tensor {name!r} "
+                              f"(expected shape {ev.program.tensor_shapes[name]})")
+    x = np.asarray(ev.tensors[name])
+    want = ev.program.tensor_shapes[name]
+    if x.shape != want:
+        raise EvaluationError(f"access-tensor: tensor {name!r} has shape {x.shape}, "
+                              f"the program expects {want}")
+    keep = term in ev.opaque_only and (x.dtype.kind in "biu")
+    return x if keep or x.dtype == np.float32 else x.astype(np.float32)
+
+
+@lazy_ok
+def _access(ev, term, vals):
+    """Same array, new split; a lazy value passes through when the split is unchanged."""
+    (x,) = vals
+    if not isinstance(x, np.ndarray) and term.args[1] == ev.n_iter(term.args[0]):
+        return x
+    return dense(x)
+
+
+def _transpose(ev, term, vals):
+    return vals[0].transpose(term.args[1])
+
+
+def _windows_view(x, n_iter, window, strides, dilations):
+    """out[i.., o.., w..] = x[i.., o*s + w*d] over the item axes: a view, never a copy."""
+    spans = tuple((w - 1) * d + 1 for w, d in zip(window, dilations))
+    view = sliding_window_view(x, spans, axis=tuple(range(n_iter, x.ndim)))
+    step = (slice(None),) * n_iter + tuple(slice(None, None, s) for s in strides) \
+        + tuple(slice(None, None, d) for d in dilations)
+    return view[step]
+
+
+def _windows(ev, term, vals):
+    _, window, strides = term.args
+    return _windows_view(vals[0], ev.n_iter(term.args[0]), window, strides, (1,) * len(window))
+
+
+def _dilated_windows(ev, term, vals):
+    _, window, strides, dilations = term.args
+    return _windows_view(vals[0], ev.n_iter(term.args[0]), window, strides, dilations)
+
+
+@lazy_ok
+def _cartesian(ev, term, vals):
+    """Lazy: built only by a consumer other than dot-product (within the size limit)."""
+    a, b = (dense(v) for v in vals)
+    return LazyCartesian(a, b, ev.n_iter(term.args[0]), ev.n_iter(term.args[1]))
+
+
+@lazy_ok
+def _pair(ev, term, vals):
+    """Lazy: dot-product and elementwise ops read the two operands directly."""
+    a, b = (dense(v) for v in vals)
+    return LazyPair(a, b, ev.n_iter(term.args[0]))
+
+
+def _squeeze(ev, term, vals):
+    return np.squeeze(vals[0], axis=term.args[1])
+
+
+def _insert_axis(ev, term, vals):
+    return np.expand_dims(vals[0], axis=term.args[1])
+
+
+def _flatten(ev, term, vals):
+    it, item = ev.program.shape_of(term)
+    return vals[0].reshape(it + item)
+
+
+def _reshape(ev, term, vals):
+    """Row-major reinterpretation with the target access shape's dims."""
+    return vals[0].reshape(ev.dims(term))
+
+
+def _slice(ev, term, vals):
+    _, axis, lo, hi = term.args
+    return vals[0][(slice(None),) * axis + (slice(lo, hi),)]
+
+
+def _concatenate(ev, term, vals):
+    return np.concatenate(vals, axis=term.args[2])
+
+
+def _pad(ev, term, vals):
+    """zero-padding pads 0; min-padding pads -inf (the identity of max pooling)."""
+    _, pad_type, axis, before, after = term.args
+    x = vals[0]
+    width = [(0, 0)] * x.ndim
+    width[axis] = (before, after)
+    fill = 0.0 if pad_type.op == "zero-padding" else -np.inf
+    return np.pad(x, width, mode="constant", constant_values=np.asarray(fill, x.dtype))
+
+
+def _broadcast(ev, term, vals):
+    """A read-only view with the size-1 dims repeated (no copy)."""
+    return np.broadcast_to(vals[0], ev.dims(term))
+
+
+def _literal(ev, term, vals):
+    return np.asarray(term.args[0], dtype=np.float32)
+
+
+@lazy_ok
+def _compute(ev, term, vals):
+    op = term.args[0]
+    return apply_compute(op.op, op.args, vals[0], ev.n_iter(term.args[1]))
+
+
+def _systolic(ev, term, vals):
+    """a ((batch), (rows)) @ b ((), (rows, cols)) -> ((batch), (cols)), float32 matmul."""
+    a, b = vals
+    return np.matmul(a, b)
+
+
+# ---- opaque calls (onnxruntime) -------------------------------------------------------------
+
+def _opaque_key(node: OpaqueNode) -> bytes:
+    """Everything the one-node model is built from (node bytes, constants, types, opsets)."""
+    h = hashlib.sha256(node.node)
+    h.update(repr((node.arg_inputs, node.input_types, node.output_index, node.output_type,
+                   node.opsets, sorted(node.constants))).encode())
+    for pos in sorted(node.constants):
+        arr = np.ascontiguousarray(node.constants[pos])
+        h.update(repr((arr.dtype.str, arr.shape)).encode())
+        h.update(arr.tobytes())
+    return h.digest()
+
+
+def _opaque_model(key: str, node: OpaqueNode):
+    """A one-node ModelProto: the call's arguments as graph inputs, constants as
+    initializers, the node's output_index-th output as the graph output. Returns the model,
+    the graph input name of each argument, and the output name."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    proto = onnx.NodeProto.FromString(node.node)
+    inputs, inits, declared = [], [], set()
+    for pos, name in enumerate(proto.input):
+        if not name or name in declared:
+            continue                      # omitted optional input, or a repeated one
+        declared.add(name)
+        np_type = helper.tensor_dtype_to_np_dtype(node.input_types[pos])
+        if pos in node.constants:
+            inits.append(numpy_helper.from_array(np.asarray(node.constants[pos]).astype(np_type), name))
+        elif pos in node.arg_inputs:
+            inputs.append(helper.make_tensor_value_info(name, node.input_types[pos], None))
+        else:
+            raise EvaluationError(f"opaque {key!r} ({proto.op_type}): input {pos} ({name!r}) "
+                                  f"is neither an argument nor a constant")
+    out = proto.output[node.output_index]
+    graph = helper.make_graph([proto], f"apsat_opaque_{proto.op_type}", inputs,
+                              [helper.make_tensor_value_info(out, node.output_type, None)],
+                              initializer=inits)
+    opsets = node.opsets or DEFAULT_OPSETS
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+    model.ir_version = OPAQUE_IR_VERSION
+    return model, [proto.input[p] for p in node.arg_inputs], out
+
+
+def _opaque_session(key: str, node: OpaqueNode):
+    """(session, argument input names, output name), built once per distinct node."""
+    cache_key = _opaque_key(node)
+    if cache_key not in _SESSIONS:
+        import onnxruntime as ort
+
+        model, names, out = _opaque_model(key, node)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3      # errors only; they are re-raised below anyway
+        try:
+            sess = ort.InferenceSession(model.SerializeToString(), options,
+                                        providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise EvaluationError(f"opaque {key!r}: onnxruntime cannot load the node: "
+                                  f"{str(e).splitlines()[0]}") from None
+        _SESSIONS[cache_key] = (sess, names, out)
+    return _SESSIONS[cache_key]
+
+
+def _opaque(ev, term, vals):
+    """Run the call's ONNX node alone in onnxruntime; arguments cast to its input types."""
+    from onnx import helper
+
+    key, _, out_dims = term.args
+    node = ev.program.opaque_nodes.get(key)
+    if node is None:
+        raise EvaluationError(f"opaque {key!r}: the program has no ONNX node for this call")
+    sess, names, out = _opaque_session(key, node)
+    feeds = {}
+    for name, pos, value in zip(names, node.arg_inputs, vals):
+        np_type = helper.tensor_dtype_to_np_dtype(node.input_types[pos])
+        if np.issubdtype(np_type, np.integer) and value.dtype.kind == "f":
+            value = np.rint(value)        # float32-carried integers: round, never truncate
+        feeds[name] = np.ascontiguousarray(value, dtype=np_type)
+    try:
+        (result,) = sess.run([out], feeds)
+    except Exception as e:
+        raise EvaluationError(f"opaque {key!r}: onnxruntime failed: {str(e).splitlines()[0]}") from None
+    if result.shape != tuple(out_dims):
+        raise EvaluationError(f"opaque {key!r}: onnxruntime returned shape {result.shape}, "
+                              f"the call declares {tuple(out_dims)}")
+    keep = term in ev.opaque_only and result.dtype.kind in "biu"
+    return result if keep else result.astype(np.float32, copy=False)
+
+
+EVALUATORS: dict = {
+    "access-tensor": _access_tensor,
+    "access": _access,
+    "access-transpose": _transpose,
+    "access-cartesian-product": _cartesian,
+    "access-windows": _windows,
+    "access-dilated-windows": _dilated_windows,
+    "access-squeeze": _squeeze,
+    "access-insert-axis": _insert_axis,
+    "access-flatten": _flatten,
+    "access-reshape": _reshape,
+    "access-slice": _slice,
+    "access-concatenate": _concatenate,
+    "access-pad": _pad,
+    "access-pair": _pair,
+    "access-broadcast": _broadcast,
+    "access-literal": _literal,
+    "compute": _compute,
+    "systolic-array": _systolic,
+    "opaque": _opaque,
+}
+
+
+# ---- the walk -------------------------------------------------------------------------------
+
+def _consumers(program: Program, order: list[Term]) -> tuple[Counter, set[Term]]:
+    """Uses of each term (one per child slot, one per output) and the terms whose every
+    consumer is an opaque call (they may keep an integer dtype)."""
+    uses: Counter = Counter()
+    non_opaque: set[int] = set()
+    for term in order:
+        for child in term.children():
+            uses[child] += 1
+            if term.op != "opaque":
+                non_opaque.add(id(child))
+    for out in program.outputs.values():
+        uses[out] += 1
+        non_opaque.add(id(out))
+    return uses, {t for t in order if uses[t] and id(t) not in non_opaque}
+
+
+def evaluate(program: Program, tensors: dict):
+    """Evaluate `program` on `tensors` (name -> array for every tensor it reads).
+
+    Returns one float32 array (iterated ++ item dims) when the program has one output,
+    else a dict output name -> array. Results never alias the caller's tensors.
+    Intermediate values are freed after their last consumer, so peak memory is the live
+    frontier of the DAG, not the sum of all values."""
+    order = program.terms()
+    uses, opaque_only = _consumers(program, order)
+    ev = _Evaluation(program, tensors, opaque_only)
+    values: dict[Term, object] = {}
+    with np.errstate(divide="ignore", over="ignore"):   # inf results are legitimate values
+        for term in order:
+            children = list(term.children())
+            fn = EVALUATORS[term.op]
+            vals = [values[c] for c in children]
+            if not getattr(fn, "lazy_ok", False):
+                vals = [dense(v) for v in vals]
+            values[term] = fn(ev, term, vals)
+            del vals
+            for child in children:
+                uses[child] -= 1
+                if uses[child] == 0:
+                    del values[child]
+    results = {name: _result(values[t], program.shape_of(t)) for name, t in program.outputs.items()}
+    return next(iter(results.values())) if len(results) == 1 else results
+
+
+def _result(value, shape) -> np.ndarray:
+    """A fresh float32 array of the access shape's dims (never a view of an input)."""
+    arr = np.array(dense(value), dtype=np.float32, copy=True)
+    dims = tuple(shape[0]) + tuple(shape[1])
+    if arr.shape != dims:       # an interpreter bug, not a user error: say so loudly
+        raise AssertionError(f"reference: value shape {arr.shape} != access shape {dims}")
+    return arr
+
