@@ -1,0 +1,218 @@
+"""ONNX op -> access-pattern language: `LOWERINGS[op_type](ctx) -> [term per output]`.
+
+A lowering reads one node through `NodeCtx` (its inputs as terms, their dims, constant
+inputs as numpy arrays, attributes) and returns one term per ONNX output, None for an
+output it does not produce. It raises `Unlowerable` when this node or attribute combination
+has no lowering (the importer emits an opaque call, or folds a node whose inputs are all
+constants), `NodeProblem`/`BadAttribute` when the node itself is malformed (the importer
+turns them into a ModelError naming the node). Layout ops live in lowering_tensor.py,
+neural-network ops in lowering_nn.py, elementwise ops here.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from apsat.egraph import lowering_nn as nn
+from apsat.egraph import lowering_tensor as tensor
+from apsat.egraph.lowering_tensor import Builder, Unlowerable
+
+FLOAT_MAX = 3.4028234663852886e38     # Clip's default bounds: float32's range
+
+
+class NodeProblem(Exception):
+    """The node is malformed (dims that do not fit, an out-of-range constant input)."""
+
+
+class BadAttribute(NodeProblem):
+    """A malformed attribute: `attr` names it."""
+
+    def __init__(self, attr: str, msg: str):
+        super().__init__(msg)
+        self.attr = attr
+
+
+class NodeCtx:
+    """What a lowering sees of one ONNX node. `state` is the importer, which knows every
+    value: `.value(name)` (a Term or a folded constant with `.value`), `.term(name)`
+    (the value as a term, constants materialised as weights or literals),
+    `.add_weight(name, array)` and `.is_used(name)`."""
+
+    def __init__(self, node, index: int, opset: int, builder: Builder, state):
+        self.node, self.index, self.opset, self.b = node, index, opset, builder
+        self.op = node.op_type
+        self.n_inputs = len(node.input)
+        self._state = state
+        self._attrs = {a.name: a for a in node.attribute}
+
+    # ---- inputs ------------------------------------------------------------------------
+
+    def has(self, i: int) -> bool:
+        """Whether optional input i is given."""
+        return i < len(self.node.input) and self.node.input[i] != ""
+
+    def _name(self, i: int) -> str:
+        if not self.has(i):
+            raise NodeProblem(f"input {i} is missing")
+        return self.node.input[i]
+
+    def term(self, i: int):
+        return self._state.term(self._name(i))
+
+    def dims(self, i: int) -> tuple[int, ...]:
+        v = self._state.value(self._name(i))
+        return tuple(v.value.shape) if hasattr(v, "value") else self.b.dims(v)
+
+    def const(self, i: int):
+        """Input i's value when it is a constant (folded at import), else None."""
+        if not self.has(i):
+            return None
+        v = self._state.value(self.node.input[i])
+        return np.asarray(v.value) if hasattr(v, "value") else None
+
+    def static(self, i: int) -> np.ndarray:
+        """Input i's constant value; Unlowerable when it is only known at run time."""
+        v = self.const(i)
+        if v is None:
+            raise Unlowerable(f"{self.op} input {i} is not a constant")
+        return v
+
+    # ---- attributes and outputs --------------------------------------------------------
+
+    def attr(self, name: str, default=None):
+        a = self._attrs.get(name)
+        if a is None:
+            return default
+        v = onnx.helper.get_attribute_value(a)
+        return v.decode() if isinstance(v, bytes) else v
+
+    def ints(self, name: str, default=None):
+        v = self.attr(name, None)
+        if v is None:
+            return default
+        if not isinstance(v, (list, tuple)) or not all(isinstance(x, int) for x in v):
+            self.bad_attr(name, f"needs a list of ints, got {v!r}")
+        return [int(x) for x in v]
+
+    def bad_attr(self, attr: str, msg: str):
+        raise BadAttribute(attr, msg)
+
+    def fail(self, msg: str):
+        raise NodeProblem(msg)
+
+    def output_used(self, k: int) -> bool:
+        return k < len(self.node.output) and self._state.is_used(self.node.output[k])
+
+    def add_weight(self, suffix: str, array: np.ndarray):
+        """A constant this lowering needs (e.g. AveragePool's counts) as a named weight."""
+        return self._state.add_weight(f"{self.node.output[0]}__{suffix}", array)
+
+
+# ---- elementwise ----------------------------------------------------------------------------
+
+def _binary(op):
+    def lower(ctx):
+        """numpy-broadcast both operands, `access-pair`, `compute op`."""
+        return [ctx.b.elementwise(op, [ctx.term(0), ctx.term(1)])]
+    return lower
+
+
+def lower_sum(ctx):
+    """n-ary Sum as a left-to-right chain of pairs (ONNX's summation order)."""
+    return [ctx.b.elementwise("elementwise-add", [ctx.term(i) for i in range(ctx.n_inputs)])]
+
+
+def lower_mean(ctx):
+    total = lower_sum(ctx)[0]
+    return [ctx.b.elementwise("elementwise-div", [total, ctx.b.literal(ctx.n_inputs)])]
+
+
+def lower_where(ctx):
+    """Each operand broadcast to the output and given a leading item axis, the three
+    concatenated into item (3,), `compute select` (the condition is carried as float)."""
+    b = ctx.b
+    terms = [ctx.term(i) for i in range(3)]
+    out = tuple(np.broadcast_shapes(*(b.dims(t) for t in terms)))
+    # insert-axis at the split lands in the iterated dims; re-access makes it the item
+    parts = [b.at(b.insert_axis(b.expand(t, out), len(out)), len(out)) for t in terms]
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = b.make("access-concatenate", acc, p, len(out))
+    return [b.compute("select", acc)]
+
+
+def _unary(op):
+    def lower(ctx):
+        """`compute op` keeps every dim (it applies per element)."""
+        return [ctx.b.compute(op, ctx.term(0))]
+    return lower
+
+
+def lower_clip(ctx):
+    """Bounds from attributes (opset < 11) or constant inputs; missing ones are float32's
+    range. Non-constant bounds are Unlowerable."""
+    if ctx.opset < 11:
+        lo, hi = ctx.attr("min", -FLOAT_MAX), ctx.attr("max", FLOAT_MAX)
+    else:
+        lo = float(ctx.static(1).reshape(-1)[0]) if ctx.has(1) else -FLOAT_MAX
+        hi = float(ctx.static(2).reshape(-1)[0]) if ctx.has(2) else FLOAT_MAX
+    lo, hi = max(float(lo), -FLOAT_MAX), min(float(hi), FLOAT_MAX)   # literals must be finite
+    return [ctx.b.compute("clip", ctx.term(0), lo, hi)]
+
+
+def lower_constant(ctx):
+    """Constant nodes are folded at import; as data the value is a literal (one element)
+    or a weight named after the output (see importer.Importer.term)."""
+    return [ctx._state.term(ctx.node.output[0])]
+
+
+LOWERINGS: dict = {
+    # elementwise
+    "Add": _binary("elementwise-add"),
+    "Sub": _binary("elementwise-sub"),
+    "Mul": _binary("elementwise-mul"),
+    "Div": _binary("elementwise-div"),
+    "Pow": _binary("elementwise-pow"),
+    "Sum": lower_sum,
+    "Mean": lower_mean,
+    "Where": lower_where,
+    "Relu": _unary("relu"),
+    "Neg": _unary("negative"),
+    "Sqrt": _unary("sqrt"),
+    "Exp": _unary("exp"),
+    "Erf": _unary("erf"),
+    "Tanh": _unary("tanh"),
+    "Sigmoid": _unary("sigmoid"),
+    "Clip": lower_clip,
+    "Constant": lower_constant,
+    # layout
+    "Identity": tensor.lower_identity,
+    "Dropout": tensor.lower_identity,
+    "Cast": tensor.lower_cast,
+    "Transpose": tensor.lower_transpose,
+    "Reshape": tensor.lower_reshape,
+    "Flatten": tensor.lower_flatten,
+    "Squeeze": tensor.lower_squeeze,
+    "Unsqueeze": tensor.lower_unsqueeze,
+    "Concat": tensor.lower_concat,
+    "Slice": tensor.lower_slice,
+    "Split": tensor.lower_split,
+    "Gather": tensor.lower_gather,
+    "Expand": tensor.lower_expand,
+    "Pad": tensor.lower_pad,
+    # neural-network ops
+    "Conv": nn.lower_conv,
+    "MaxPool": nn.lower_maxpool,
+    "AveragePool": nn.lower_averagepool,
+    "GlobalAveragePool": nn.lower_globalaveragepool,
+    "GlobalMaxPool": nn.lower_globalmaxpool,
+    "BatchNormalization": nn.lower_batchnorm,
+    "LRN": nn.lower_lrn,
+    "LayerNormalization": nn.lower_layernorm,
+    "Softmax": nn.lower_softmax,
+    "Gemm": nn.lower_gemm,
+    "MatMul": nn.lower_matmul,
+    "ReduceMean": nn.lower_reducemean,
+    "ReduceMax": nn.lower_reducemax,
+    "ReduceSum": nn.lower_reducesum,
+}

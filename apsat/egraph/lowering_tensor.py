@@ -1,0 +1,404 @@
+"""Term building for the importer, and the lowerings of ONNX's layout ops.
+
+`Builder` makes interned terms and tracks each one's access shape as it goes, so a lowering
+can ask for dims mid-way. Its helpers skip no-op steps (an `access` that keeps the split, an
+identity transpose, a reshape to the same shape) and collapse `access`/`access-reshape`
+chains, so the imported program carries no dead layout nodes.
+
+Conventions every lowering follows: an ONNX value is any term whose dims (iterated ++ item)
+are the ONNX tensor's shape; its split is free. Elementwise results are split with every
+dim iterated and an empty item, `((dims), ())`. A lowering takes a `NodeCtx` (lowering.py)
+and returns one term per ONNX output (None for outputs it does not produce); it raises
+`Unlowerable` when this node or attribute combination has no lowering (the importer then
+emits an opaque call, or folds the node when its inputs are constants).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from apsat.egraph.ops import OPS, AccessShape
+from apsat.egraph.term import Term
+
+
+class Unlowerable(Exception):
+    """This node (or this attribute combination) has no lowering into the language."""
+
+
+class Builder:
+    """Makes terms and remembers their access shapes. `tensor_shapes` (name -> dims) is
+    the dict the Program is built with; `access-tensor` reads it."""
+
+    def __init__(self, tensor_shapes: dict):
+        self.tensor_shapes = tensor_shapes
+        self.shapes: dict[Term, AccessShape] = {}
+
+    # ---- primitive constructors (one per op, shape-checked by the registry's rule) -----
+
+    def make(self, op: str, *args) -> Term:
+        """Term(op, args), its access shape computed by the op's shape rule (ShapeError
+        when the arguments do not fit)."""
+        term = Term(op, args)
+        if term not in self.shapes:
+            spec = OPS[op]
+            arg_shapes = []
+            for kind, value in zip(spec.signature, args):
+                if kind == "expr":
+                    arg_shapes.append(self.shapes[value])
+                elif kind == "exprs":
+                    arg_shapes.append(tuple(self.shapes[v] for v in value))
+                elif kind == "access-shape":
+                    arg_shapes.append(tuple(value.args))
+            self.shapes[term] = spec.shape(term.args, arg_shapes, self.tensor_shapes)
+        return term
+
+    def shape(self, t: Term) -> AccessShape:
+        return self.shapes[t]
+
+    def dims(self, t: Term) -> tuple[int, ...]:
+        it, item = self.shapes[t]
+        return it + item
+
+    def split(self, t: Term) -> int:
+        return len(self.shapes[t][0])
+
+    def tensor(self, name: str) -> Term:
+        return self.make("access-tensor", name)
+
+    def literal(self, value: float) -> Term:
+        return self.make("access-literal", float(value))
+
+    def compute(self, op: str, t: Term, *params) -> Term:
+        return self.make("compute", Term(op, tuple(params)), t)
+
+    # ---- layout helpers (no-ops skipped, chains collapsed) ------------------------------
+
+    def at(self, t: Term, k: int) -> Term:
+        """`(access t k)`: the first k dims iterated."""
+        if self.split(t) == k:
+            return t
+        if t.op == "access":
+            return self.at(t.args[0], k)
+        return self.make("access", t, k)
+
+    def transpose(self, t: Term, perm) -> Term:
+        perm = tuple(int(p) for p in perm)
+        if perm == tuple(range(len(perm))):
+            return t
+        if t.op == "access-transpose":        # compose: keeps the program one transpose deep
+            inner = t.args[1]
+            return self.transpose(t.args[0], tuple(inner[p] for p in perm))
+        return self.make("access-transpose", t, perm)
+
+    def reshape(self, t: Term, dims, k: int | None = None) -> Term:
+        """Row-major reshape to `dims`, the first k (default all) iterated."""
+        dims = tuple(int(d) for d in dims)
+        k = len(dims) if k is None else k
+        target = (dims[:k], dims[k:])
+        if self.shapes[t] == target:
+            return t
+        while t.op in ("access-reshape", "access"):   # reshape ignores the inner layout
+            t = t.args[0]
+        if self.shapes[t] == target:
+            return t
+        if self.dims(t) == dims:
+            return self.at(t, k)
+        return self.make("access-reshape", t, Term("access-shape", target))
+
+    def broadcast(self, t: Term, dims, k: int | None = None) -> Term:
+        """Broadcast (same rank, size-1 dims repeated) to `dims`, the first k iterated."""
+        dims = tuple(dims)
+        k = len(dims) if k is None else k
+        if self.dims(t) == dims:
+            return self.at(t, k)
+        return self.make("access-broadcast", t, Term("access-shape", (dims[:k], dims[k:])))
+
+    def pad(self, t: Term, kind: str, axis: int, before: int, after: int) -> Term:
+        if before == 0 and after == 0:
+            return t
+        return self.make("access-pad", t, Term(kind, ()), axis, int(before), int(after))
+
+    def slice(self, t: Term, axis: int, lo: int, hi: int) -> Term:
+        if lo == 0 and hi == self.dims(t)[axis]:
+            return t
+        return self.make("access-slice", t, axis, int(lo), int(hi))
+
+    def squeeze(self, t: Term, axis: int) -> Term:
+        return self.make("access-squeeze", t, axis)
+
+    def insert_axis(self, t: Term, axis: int) -> Term:
+        return self.make("access-insert-axis", t, axis)
+
+    def windows(self, t: Term, window, strides, dilations=None) -> Term:
+        window, strides = tuple(window), tuple(strides)
+        if dilations is None or all(d == 1 for d in dilations):
+            return self.make("access-windows", t, window, strides)
+        return self.make("access-dilated-windows", t, window, strides, tuple(dilations))
+
+    def concat(self, terms: list[Term], axis: int) -> Term:
+        """Left-nested chain of access-concatenate; operands are split at full rank so
+        their layouts agree."""
+        acc = self.at(terms[0], len(self.dims(terms[0])))
+        for t in terms[1:]:
+            acc = self.make("access-concatenate", acc, self.at(t, len(self.dims(t))), axis)
+        return acc
+
+    # ---- numpy-style elementwise --------------------------------------------------------
+
+    def expand(self, t: Term, out_dims) -> Term:
+        """numpy broadcasting of t to out_dims: prepend 1s (reshape), then broadcast;
+        the result is split with every dim iterated."""
+        out_dims = tuple(out_dims)
+        dims = self.dims(t)
+        if len(dims) < len(out_dims):
+            t = self.reshape(t, (1,) * (len(out_dims) - len(dims)) + dims)
+        return self.broadcast(t, out_dims)
+
+    def elementwise(self, op: str, terms: list[Term]) -> Term:
+        """`compute op` over numpy-broadcast operands: a chain of pairs, left to right
+        (so n-ary Sum adds in ONNX's order)."""
+        out = tuple(np.broadcast_shapes(*(self.dims(t) for t in terms)))
+        acc = self.expand(terms[0], out)
+        for t in terms[1:]:
+            acc = self.compute(op, self.make("access-pair", acc, self.expand(t, out)))
+        return acc
+
+    def channel(self, t: Term, rank: int) -> Term:
+        """A per-channel 1-D vector (C,) shaped (1, C, 1, ...) for an NC... tensor."""
+        (c,) = self.dims(t)
+        return self.reshape(t, (1, c) + (1,) * (rank - 2))
+
+
+def normalize_axis(ctx, axis: int, rank: int, attr: str = "axis") -> int:
+    """ONNX axis (negative counts from the end) -> 0..rank-1; a bad one is an error."""
+    if not -rank <= axis < rank:
+        ctx.bad_attr(attr, f"{axis} is outside [-{rank}, {rank - 1}]")
+    return axis % rank
+
+
+def axes_from(ctx, attr: str, input_index: int, since: int):
+    """Axes from an attribute (opset < since) or a constant input (opset >= since);
+    None when absent. A non-constant axes input is Unlowerable."""
+    if ctx.opset < since:
+        return ctx.ints(attr, None)
+    if not ctx.has(input_index):
+        return None
+    return [int(a) for a in ctx.static(input_index).reshape(-1)]
+
+
+# ---- lowerings ------------------------------------------------------------------------------
+
+def lower_identity(ctx):
+    """Identity, and Dropout in inference (ratio ignored; the mask output is not
+    produced, so a model that reads it gets an opaque call)."""
+    if ctx.op == "Dropout" and ctx.has(2):
+        training = ctx.const(2)
+        if training is None or bool(np.asarray(training).reshape(-1)[0]):
+            raise Unlowerable("Dropout in training mode")
+    return [ctx.term(0)]
+
+
+def lower_cast(ctx):
+    """Cast to a float type passes through: the language computes in float32."""
+    from onnx import TensorProto
+
+    if ctx.attr("to", None) not in (TensorProto.FLOAT, TensorProto.DOUBLE,
+                                    TensorProto.FLOAT16, TensorProto.BFLOAT16):
+        raise Unlowerable("Cast to a non-float type")
+    return [ctx.term(0)]
+
+
+def lower_transpose(ctx):
+    x = ctx.term(0)
+    rank = len(ctx.dims(0))
+    perm = ctx.ints("perm", list(reversed(range(rank))))
+    if sorted(perm) != list(range(rank)):
+        ctx.bad_attr("perm", f"{perm} is not a permutation of {rank} axes")
+    return [ctx.b.transpose(x, perm)]
+
+
+def reshape_target(ctx, dims, shape, allowzero: bool) -> tuple[int, ...]:
+    """ONNX Reshape's target dims: 0 copies the input dim (unless allowzero), one -1 is
+    inferred."""
+    out = [dims[i] if (s == 0 and not allowzero and i < len(dims)) else int(s)
+           for i, s in enumerate(shape)]
+    total = math.prod(dims)
+    if out.count(-1) > 1 or any(d < -1 for d in out):
+        ctx.fail(f"shape {list(shape)} has more than one -1 or a negative dim")
+    if -1 in out:
+        known = math.prod(d for d in out if d != -1)
+        if known == 0 or total % known:
+            ctx.fail(f"shape {list(shape)} does not fit {total} elements")
+        out[out.index(-1)] = total // known
+    if math.prod(out) != total:
+        ctx.fail(f"shape {list(shape)} does not fit input dims {dims}")
+    return tuple(out)
+
+
+def lower_reshape(ctx):
+    shape = ctx.ints("shape", None) if ctx.opset < 5 else [int(s) for s in ctx.static(1).reshape(-1)]
+    if shape is None:
+        ctx.bad_attr("shape", "missing")
+    target = reshape_target(ctx, ctx.dims(0), shape, bool(ctx.attr("allowzero", 0)))
+    return [ctx.b.reshape(ctx.term(0), target)]
+
+
+def lower_flatten(ctx):
+    dims = ctx.dims(0)
+    axis = ctx.attr("axis", 1)
+    if not -len(dims) <= axis <= len(dims):
+        ctx.bad_attr("axis", f"{axis} is outside [-{len(dims)}, {len(dims)}]")
+    axis = axis + len(dims) if axis < 0 else axis
+    return [ctx.b.reshape(ctx.term(0), (math.prod(dims[:axis]), math.prod(dims[axis:])))]
+
+
+def lower_squeeze(ctx):
+    dims = ctx.dims(0)
+    axes = axes_from(ctx, "axes", 1, since=13)
+    if axes is None:
+        axes = [i for i, d in enumerate(dims) if d == 1]
+    axes = sorted({normalize_axis(ctx, a, len(dims), "axes") for a in axes}, reverse=True)
+    t = ctx.term(0)
+    for a in axes:                      # highest first, so lower axis numbers stay valid
+        if dims[a] != 1:
+            ctx.bad_attr("axes", f"axis {a} has size {dims[a]}, not 1")
+        t = ctx.b.squeeze(t, a)
+    return [t]
+
+
+def lower_unsqueeze(ctx):
+    rank = len(ctx.dims(0))
+    axes = axes_from(ctx, "axes", 1, since=13)
+    if not axes:
+        ctx.bad_attr("axes", "missing or empty")
+    out_rank = rank + len(axes)
+    norm = sorted(normalize_axis(ctx, a, out_rank, "axes") for a in axes)
+    if len(set(norm)) != len(norm):
+        ctx.bad_attr("axes", f"{axes} repeats an axis")
+    t = ctx.term(0)
+    for a in norm:                      # ascending: each index is final in the output
+        t = ctx.b.insert_axis(t, a)
+    return [t]
+
+
+def lower_concat(ctx):
+    terms = [ctx.term(i) for i in range(ctx.n_inputs) if ctx.has(i)]
+    axis = ctx.attr("axis", None)
+    if axis is None:
+        ctx.bad_attr("axis", "missing")
+    axis = normalize_axis(ctx, axis, len(ctx.b.dims(terms[0])))
+    terms = [t for t in terms if ctx.b.dims(t)[axis] > 0]     # empty parts add nothing
+    return [ctx.b.concat(terms, axis)]
+
+
+def _slice_bounds(start: int, end: int, d: int) -> tuple[int, int]:
+    """ONNX Slice clamping for step 1: negative indices count from the end."""
+    start = start + d if start < 0 else start
+    end = end + d if end < 0 else end
+    return max(0, min(start, d)), max(0, min(end, d))
+
+
+def lower_slice(ctx):
+    dims = ctx.dims(0)
+    if ctx.opset < 10:
+        starts, ends = ctx.ints("starts", None), ctx.ints("ends", None)
+        axes, steps = ctx.ints("axes", None), None
+    else:
+        starts, ends = list(ctx.static(1).reshape(-1)), list(ctx.static(2).reshape(-1))
+        axes = list(ctx.static(3).reshape(-1)) if ctx.has(3) else None
+        steps = list(ctx.static(4).reshape(-1)) if ctx.has(4) else None
+    if starts is None or ends is None or len(starts) != len(ends):
+        ctx.bad_attr("starts", "starts and ends are missing or differ in length")
+    axes = list(range(len(starts))) if axes is None else axes
+    if steps is not None and any(int(s) != 1 for s in steps):
+        raise Unlowerable("Slice with a step other than 1")
+    t = ctx.term(0)
+    for a, s, e in zip(axes, starts, ends):
+        a = normalize_axis(ctx, int(a), len(dims), "axes")
+        lo, hi = _slice_bounds(int(s), int(e), dims[a])
+        if lo >= hi:
+            raise Unlowerable("empty Slice")
+        t = ctx.b.slice(t, a, lo, hi)
+    return [t]
+
+
+def lower_split(ctx):
+    dims = ctx.dims(0)
+    axis = normalize_axis(ctx, ctx.attr("axis", 0), len(dims))
+    n = len(ctx.node.output)
+    sizes = ctx.ints("split", None) if ctx.opset < 13 else (
+        [int(s) for s in ctx.static(1).reshape(-1)] if ctx.has(1) else None)
+    if sizes is None:                  # equal parts; opset 18 may leave the last one short
+        part = -(-dims[axis] // n)
+        sizes = [min(part, dims[axis] - i * part) for i in range(n)]
+    if len(sizes) != n or sum(sizes) != dims[axis] or min(sizes) <= 0:
+        ctx.bad_attr("split", f"{sizes} does not split axis {axis} of size {dims[axis]} "
+                              f"into {n} non-empty parts")
+    t, lo, outs = ctx.term(0), 0, []
+    for s in sizes:
+        outs.append(ctx.b.slice(t, axis, lo, lo + s))
+        lo += s
+    return outs
+
+
+def lower_gather(ctx):
+    """Constant indices only: contiguous runs become slices, joined by concatenation;
+    a scalar index is a slice plus a squeeze."""
+    indices = ctx.const(1)
+    if indices is None:
+        raise Unlowerable("Gather with non-constant indices")
+    dims = ctx.dims(0)
+    axis = normalize_axis(ctx, ctx.attr("axis", 0), len(dims))
+    idx = np.asarray(indices).astype(np.int64)
+    if np.any(idx < -dims[axis]) or np.any(idx >= dims[axis]):
+        ctx.fail(f"indices {idx.reshape(-1).tolist()} out of range for axis {axis} of size {dims[axis]}")
+    idx = np.where(idx < 0, idx + dims[axis], idx)
+    x, b = ctx.term(0), ctx.b
+    if idx.ndim == 0:
+        return [b.squeeze(b.slice(x, axis, int(idx), int(idx) + 1), axis)]
+    flat = [int(i) for i in idx.reshape(-1)]
+    if not flat:
+        raise Unlowerable("Gather with no indices")
+    runs, start = [], 0
+    for j in range(1, len(flat) + 1):
+        if j == len(flat) or flat[j] != flat[j - 1] + 1:
+            runs.append(b.slice(x, axis, flat[start], flat[j - 1] + 1))
+            start = j
+    t = b.concat(runs, axis) if len(runs) > 1 else runs[0]
+    return [b.reshape(t, dims[:axis] + idx.shape + dims[axis + 1:])]
+
+
+def lower_expand(ctx):
+    shape = tuple(int(s) for s in ctx.static(1).reshape(-1))
+    try:
+        out = tuple(np.broadcast_shapes(ctx.dims(0), shape))
+    except ValueError:
+        ctx.fail(f"input dims {ctx.dims(0)} do not broadcast with shape {list(shape)}")
+    return [ctx.b.expand(ctx.term(0), out)]
+
+
+def lower_pad(ctx):
+    """Constant mode with value 0 only; negative pads become slices."""
+    dims = ctx.dims(0)
+    mode = ctx.attr("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if ctx.opset < 11:
+        pads, value, axes = ctx.ints("pads", None), ctx.attr("value", 0.0), None
+    else:
+        pads = [int(p) for p in ctx.static(1).reshape(-1)]
+        value = float(ctx.static(2).reshape(-1)[0]) if ctx.has(2) else 0.0
+        axes = [int(a) for a in ctx.static(3).reshape(-1)] if ctx.has(3) else None
+    if mode != "constant" or value != 0.0:
+        raise Unlowerable(f"Pad mode {mode!r} value {value}")
+    axes = list(range(len(dims))) if axes is None else \
+        [normalize_axis(ctx, a, len(dims), "axes") for a in axes]
+    if pads is None or len(pads) != 2 * len(axes):
+        ctx.bad_attr("pads", f"needs {2 * len(axes)} values, got {pads}")
+    t = ctx.term(0)
+    for i, a in enumerate(axes):
+        before, after = pads[i], pads[i + len(axes)]
+        d = ctx.b.dims(t)[a]
+        t = ctx.b.slice(t, a, max(0, -before), d - max(0, -after))
+        t = ctx.b.pad(t, "zero-padding", a, max(0, before), max(0, after))
+    return [t]

@@ -1,0 +1,75 @@
+"""Model: an imported ONNX model, its program in the access-pattern language and weights.
+
+    model = apsat.model.load_onnx("resnet50.onnx")
+    model.inputs              # {"data": (1, 3, 224, 224)}: true inputs only
+    model.run({"data": x})    # {"prob": array}: the program on the reference interpreter
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from apsat.egraph.program import Program
+from apsat.errors import ModelError
+
+
+@dataclass
+class Model:
+    """`program` has one output per ONNX graph output (same names, dims = the ONNX
+    shape); `inputs` maps each true input (no initializer) to its dims; `weights` maps
+    every tensor the program reads besides the inputs to a float32 array (read-only
+    broadcast views for ConstantOfShape fills); `onnx` is the ModelProto as loaded."""
+
+    program: Program
+    inputs: dict[str, tuple[int, ...]]
+    weights: dict[str, np.ndarray]
+    onnx: object
+    path: Path | None = None
+    import_seconds: float = 0.0
+
+    def run(self, inputs: dict) -> dict[str, np.ndarray]:
+        """Evaluate the program with the reference interpreter: {output name: array}."""
+        from apsat.backends.reference import evaluate
+
+        missing = sorted(set(self.inputs) - set(inputs))
+        extra = sorted(set(inputs) - set(self.inputs))
+        if missing or extra:
+            raise ModelError(f"run: missing inputs {missing}, unknown inputs {extra}; "
+                             f"the model takes {sorted(self.inputs)}")
+        for name, dims in self.inputs.items():
+            if tuple(np.shape(inputs[name])) != tuple(dims):
+                raise ModelError(f"run: input {name!r} has shape {np.shape(inputs[name])}, "
+                                 f"the model takes {tuple(dims)}")
+        result = evaluate(self.program, {**self.weights, **inputs})
+        if isinstance(result, dict):
+            return result
+        return {next(iter(self.program.outputs)): result}
+
+    def source_op_counts(self) -> dict[str, int]:
+        """How many ONNX nodes of each op type the source graph has."""
+        return dict(Counter(n.op_type for n in self.onnx.graph.node))
+
+    def opaque_ops(self) -> dict[str, int]:
+        """ONNX op types that became opaque calls, with how many calls each."""
+        return dict(Counter(_op_type(n.node) for n in self.program.opaque_nodes.values()))
+
+    def __repr__(self) -> str:
+        name = self.path.name if self.path else "<ModelProto>"
+        return (f"<Model {name} inputs={self.inputs} weights={len(self.weights)} "
+                f"program={len(self.program.terms())} nodes, {len(self.program.opaque_nodes)} opaque>")
+
+
+def _op_type(node_bytes: bytes) -> str:
+    import onnx
+
+    return onnx.NodeProto.FromString(node_bytes).op_type
+
+
+def load_onnx(source, input_shapes: dict | None = None) -> Model:
+    """See apsat.egraph.importer.load_onnx."""
+    from apsat.egraph.importer import load_onnx as _load
+
+    return _load(source, input_shapes)
