@@ -5,12 +5,12 @@ The heavier parts (egglog, onnx, onnxruntime) load on first use.
 """
 from apsat.egraph.program import Program, parse
 from apsat.errors import ApsatError
+from apsat.extract import extract  # binds the name over the subpackage attribute of the same name
 
 __all__ = ["Program", "parse", "EGraph", "extract", "evaluate", "load_onnx", "optimize", "ApsatError"]
 
 _LAZY = {
     "EGraph": ("apsat.egraph.egraph", "EGraph"),
-    "extract": ("apsat.extract", "extract"),
     "evaluate": ("apsat.backends.reference", "evaluate"),
     "load_onnx": ("apsat.egraph.importer", "load_onnx"),
     "optimize": ("apsat.api", "optimize"),

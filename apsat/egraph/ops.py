@@ -336,4 +336,8 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
 
 PAD_TYPES = ("zero-padding", "min-padding")
 
+# Registry names egglog cannot take as constructor names (egglog 13.2 already has an f64
+# primitive `sqrt`): the language.egg constructor is renamed, the surface syntax is not.
+EGG_NAMES = {"sqrt": "sqrt-op"}
+
 ATTRIBUTE_OPS.update(COMPUTE_OPS, PAD_TYPES, ["access-shape"])

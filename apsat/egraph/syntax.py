@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 
-from apsat.egraph.ops import COMPUTE_OPS, OPS, PAD_TYPES
+from apsat.egraph.ops import COMPUTE_OPS, EGG_NAMES, OPS, PAD_TYPES
 from apsat.egraph.term import Term
 from apsat.errors import ParseError
 
@@ -140,7 +140,9 @@ def _build(node, allow_vars: bool) -> Term:
             continue
         vals = []
         for k, a in zip(spec.signature, args):
-            if k == "expr":
+            if allow_vars and k != "expr" and not isinstance(a, list) and a[0].startswith("?"):
+                vals.append(Term(VAR, (a[0][1:],)))  # a pattern variable in a literal slot
+            elif k == "expr":
                 vals.append(cache[id(a)])
             elif k == "exprs":
                 vals.append(tuple(cache[id(s)] for s in a[1:]))
@@ -189,6 +191,8 @@ def _fmt_name(name: str) -> str:
 
 
 def _fmt_arg(kind: str, value, sub) -> str:
+    if isinstance(value, Term) and value.op == VAR:
+        return "?" + value.args[0]
     if kind == "expr":
         return sub(value)
     if kind == "exprs":
@@ -251,7 +255,9 @@ def egg_node(term: Term, ref) -> str:
     spec = OPS[term.op]
     parts = [term.op]
     for kind, value in zip(spec.signature, term.args):
-        if kind == "expr":
+        if isinstance(value, Term) and value.op == VAR:
+            parts.append(value.args[0])
+        elif kind == "expr":
             parts.append(ref(value))
         elif kind == "exprs":
             out = "(enil)"
@@ -272,9 +278,10 @@ def egg_node(term: Term, ref) -> str:
             parts.append(f"({value.op})")
         elif kind == "compute-op":
             spec_c = COMPUTE_OPS[value.op]
+            name = EGG_NAMES.get(value.op, value.op)
             if spec_c.params:
-                parts.append("(" + " ".join([value.op] + [str(int(p)) if k == "int" else _fmt_float(p)
+                parts.append("(" + " ".join([name] + [str(int(p)) if k == "int" else _fmt_float(p)
                                                          for k, p in zip(spec_c.params, value.args)]) + ")")
             else:
-                parts.append(f"({value.op})")
+                parts.append(f"({name})")
     return "(" + " ".join(parts) + ")"
