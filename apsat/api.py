@@ -31,20 +31,17 @@ class OptimizeResult:
         return out if isinstance(out, dict) else {next(iter(self.program.outputs)): out}
 
     def write(self, out_dir) -> Path:
-        """Write report.json and program.txt into out_dir; returns the report path."""
+        """Write report.json and program.txt (the program in DAG form, see
+        syntax.to_dag_text; read back with syntax.parse_dag_text) into out_dir;
+        returns the report path."""
+        from apsat.egraph.syntax import to_dag_text
+
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "program.txt").write_text(
-            "\n".join(f"{name} = {_text(t)}" for name, t in self.program.outputs.items()) + "\n")
+        (out_dir / "program.txt").write_text(to_dag_text(self.program.outputs))
         path = out_dir / "report.json"
         path.write_text(json.dumps(self.report, indent=2, default=str) + "\n")
         return path
-
-
-def _text(term) -> str:
-    from apsat.egraph.syntax import to_text
-
-    return to_text(term)
 
 
 def optimize(model, target: str = "gpu", rules=None, extractor: str = "tree",

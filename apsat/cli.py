@@ -22,12 +22,19 @@ def _console():
     return Console(stderr=True)
 
 
-def _optimize_one(source, name: str, args, progress, task) -> dict:
-    """Optimise one model, write its report, return the report (with `error` on failure)."""
+def _optimize_one(source, name: str, args, progress, task, randomize=False) -> dict:
+    """Optimise one model, write its report, return the report (with `error` on failure).
+    `randomize`: replace the weights with seeded random ones first (the light zoo)."""
     from apsat.api import optimize
 
     out_dir = Path(args.out) / name
     try:
+        if randomize:  # loaded here, one model at a time: VGG-19's weights alone are 548 MiB
+            import onnx
+
+            from apsat.zoo import randomize_weights
+
+            source = randomize_weights(onnx.load(str(source)), seed=args.seed)
         res = optimize(source, target=args.target, rules=args.rules or None,
                        extractor=args.extractor, verify=args.verify,
                        progress=lambda phase: progress.update(task, description=f"{name}: {phase}"))
@@ -42,23 +49,21 @@ def _summary_table(reports: list[dict]):
     from rich.table import Table
 
     table = Table(title="apsat summary")
-    for col in ("model", "ops before", "nodes after", "e-graph nodes", "import s",
-                "extract s", "verify", "max abs err"):
-        table.add_column(col, justify="right" if col != "model" else "left")
+    for col in ("model", "onnx ops", "program nodes", "e-graph nodes", "seconds", "verify", "max err"):
+        table.add_column(col, justify="left" if col == "model" else "right")
     for r in reports:
         if "error" in r:
-            table.add_row(r["model"], "", "", "", "", "", "[red]error[/red]", r["error"][:60])
+            table.add_row(r["model"], "", "", "", "", "[red]error[/red]", "")
             continue
         v = r.get("verification")
         status = "-" if v is None else ("[green]ok[/green]" if v["ok"] else "[red]FAIL[/red]")
         table.add_row(r["model"], str(sum(r["ops_before"].values())), str(sum(r["ops_after"].values())),
-                      str(r["egraph"]["nodes"]), f"{r['seconds']['import']:.2f}",
-                      f"{r['seconds']['extract']:.2f}", status,
-                      "" if v is None else f"{v['max_abs_err']:.2e}")
+                      str(r["egraph"]["nodes"]), f"{sum(r['seconds'].values()):.1f}", status,
+                      "" if v is None else f"{v['max_abs_err']:.1e}")
     return table
 
 
-def _run_models(items: list[tuple[object, str]], args) -> int:
+def _run_models(items: list[tuple[object, str]], args, randomize=False) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -67,10 +72,14 @@ def _run_models(items: list[tuple[object, str]], args) -> int:
                   TimeElapsedColumn(), console=_console(), transient=False) as progress:
         task = progress.add_task("models", total=len(items))
         for source, name in items:
-            reports.append(_optimize_one(source, name, args, progress, task))
+            reports.append(_optimize_one(source, name, args, progress, task, randomize))
             progress.advance(task)
-    Console().print(_summary_table(reports))
-    Console().print(f"reports written under {args.out}/")
+    out = Console(width=None if sys.stdout.isatty() else 120)  # pipes get the full table
+    out.print(_summary_table(reports))
+    for r in reports:
+        if "error" in r:  # plain, unwrapped: one line per failed model
+            print(f"apsat: {r['model']}: {r['error']}", file=sys.stderr)
+    out.print(f"reports written under {args.out}/")
     if any("error" in r for r in reports):
         return EXIT_BAD_INPUT
     if any(r.get("verification") and not r["verification"]["ok"] for r in reports):
@@ -86,9 +95,7 @@ def cmd_optimize(args) -> int:
 def cmd_zoo(args) -> int:
     """Optimise models; the light zoo's weights are all 0.02, so they get seeded random
     weights first (otherwise verification would compare constants)."""
-    import onnx
-
-    from apsat.zoo import light_model_paths, randomize_weights
+    from apsat.zoo import light_model_paths
 
     paths: list[Path] = []
     for item in args.models or []:
@@ -97,13 +104,8 @@ def cmd_zoo(args) -> int:
     light = not args.models
     if light:
         paths = light_model_paths()
-    items = []
-    for p in paths:
-        if light:
-            items.append((randomize_weights(onnx.load(str(p)), seed=args.seed), p.stem))
-        else:
-            items.append((p, p.stem))
-    return _run_models(items, args)
+    items = [(p, p.stem.replace("light_", "") if light else p.stem) for p in paths]
+    return _run_models(items, args, randomize=light)
 
 
 def cmd_extract(args) -> int:

@@ -57,3 +57,19 @@ def test_checker_rejects_cycle_and_missing_class():
         check_extraction(g, {"b": "wrap"}, ["b"])
     with pytest.raises(InvalidExtraction, match="not an extractable member"):
         check_extraction(g, {"b": "wrap", "a": "wrap"}, ["b"])
+
+
+def test_tree_cost_overflow_on_deep_residual_dag_still_extracts():
+    # x_{i+1} = add(x_i, relu(x_i)): tree cost doubles per block, 1500 blocks pass 1e308.
+    nodes = {"leaf": {"op": "x", "children": [], "eclass": "c0", "cost": 1}}
+    for i in range(1500):
+        nodes[f"r{i}"] = {"op": "relu", "children": [_last(nodes, i)], "eclass": f"r{i}", "cost": 1}
+        nodes[f"a{i}"] = {"op": "add", "children": [_last(nodes, i), f"r{i}"], "eclass": f"c{i + 1}", "cost": 1}
+    g = _graph(nodes, ["c1500"])
+    choice = extract_tree(g)
+    assert len(check_extraction(g, choice, g.roots)) == 3001
+    assert dag_cost(g, choice, g.roots) == 3001
+
+
+def _last(nodes, i):
+    return "leaf" if i == 0 else f"a{i - 1}"

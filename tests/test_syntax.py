@@ -101,3 +101,30 @@ def test_deep_program_does_not_recurse():
     prog = apsat.parse(text, {"a": (2,)})
     assert prog.shape == ((), (2,)) and len(prog.terms()) == 5001
     assert to_text(prog.root) == text
+
+
+def test_dag_text_is_linear_and_round_trips():
+    from apsat.egraph.syntax import parse_dag_text, to_dag_text
+
+    # a residual chain whose tree form has 2**200 nodes
+    cur = parse_term("(access (access-tensor x) 1)")
+    for _ in range(200):
+        relu = parse_term("(compute relu ?a)", allow_vars=True)
+        relu = type(cur)("compute", (relu.args[0], cur))
+        cur = type(cur)("compute", (parse_term("(compute elementwise-add ?a)", allow_vars=True).args[0],
+                                    type(cur)("access-pair", (relu, cur))))
+    text = to_dag_text({"y": cur})
+    assert len(text) < 100_000
+    assert parse_dag_text(text)["y"] is cur
+
+
+@pytest.mark.parametrize("text, message", [
+    ("%1 = (access %0 1)\noutput y = %1", "used before it is defined"),
+    ("%0 = (access-tensor x)", "no 'output"),
+    ("y (access-tensor x)", "expected '%N = EXPR'"),
+])
+def test_dag_text_errors(text, message):
+    from apsat.egraph.syntax import parse_dag_text
+
+    with pytest.raises(ParseError, match=message):
+        parse_dag_text(text)

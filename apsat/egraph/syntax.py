@@ -105,7 +105,7 @@ def _compute_op(node, ctx):
     return Term(name, vals)
 
 
-def _build(node, allow_vars: bool) -> Term:
+def _build(node, allow_vars: bool, names: dict | None = None) -> Term:
     """Build one Expr term from a parsed s-expression (iteratively over expr children)."""
     # Work list of (node, parent_slot) resolved bottom-up via an explicit stack.
     cache: dict[int, Term] = {}
@@ -116,6 +116,11 @@ def _build(node, allow_vars: bool) -> Term:
             tok = cur[0]
             if allow_vars and tok.startswith("?"):
                 cache[id(cur)] = Term(VAR, (tok[1:],))
+                continue
+            if names is not None and tok.startswith("%"):
+                if tok not in names:
+                    raise ParseError(f"parse: {tok} is used before it is defined (offset {cur[1]})")
+                cache[id(cur)] = names[tok]
                 continue
             raise ParseError(f"parse: expected an expression, found {tok!r} at offset {cur[1]}")
         if not cur or isinstance(cur[0], list):
@@ -177,6 +182,33 @@ def parse_term(text: str, allow_vars: bool = False) -> Term:
     return _build(forms[0], allow_vars)
 
 
+def parse_dag_text(text: str) -> dict[str, Term]:
+    """Read the DAG form `to_dag_text` writes: lines `%N = EXPR` bind shared terms, lines
+    `output NAME = EXPR` name outputs; `%N` may be used in later lines. Returns the outputs."""
+    names: dict[str, Term] = {}
+    outputs: dict[str, Term] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.split(";", 1)[0].strip()
+        if not line:
+            continue
+        lhs, sep, rhs = line.partition("=")
+        lhs = lhs.split()
+        if not sep or not (len(lhs) == 1 and lhs[0].startswith("%") or len(lhs) == 2 and lhs[0] == "output"):
+            raise ParseError(f"line {lineno}: expected '%N = EXPR' or 'output NAME = EXPR'")
+        forms = _read_sexprs(rhs)
+        if len(forms) != 1:
+            raise ParseError(f"line {lineno}: expected one expression")
+        form = forms[0]
+        term = names[form[0]] if not isinstance(form, list) and form[0] in names else _build(form, False, names)
+        if lhs[0] == "output":
+            outputs[lhs[1]] = term
+        else:
+            names[lhs[0]] = term
+    if not outputs:
+        raise ParseError("no 'output NAME = EXPR' line")
+    return outputs
+
+
 # ---- printing ----------------------------------------------------------------------------
 
 def _fmt_float(x: float) -> str:
@@ -231,6 +263,32 @@ def to_text(term: Term) -> str:
         parts = [t.op] + [_fmt_arg(k, v, lambda c: text[id(c)]) for k, v in zip(spec.signature, t.args)]
         text[id(t)] = "(" + " ".join(parts) + ")"
     return text[id(term)]
+
+
+def to_dag_text(outputs: dict[str, Term]) -> str:
+    """Text of a program that stays linear in its DAG size: every term used more than once
+    is bound once (`%N = EXPR`, children first) and referred to by name; single-use terms
+    are written inline. Ends with one `output NAME = EXPR` line per output."""
+    from apsat.egraph.term import postorder
+
+    order = postorder(list(outputs.values()))
+    uses: dict[int, int] = {}
+    for t in order:
+        for c in t.children():
+            uses[id(c)] = uses.get(id(c), 0) + 1
+    text: dict[int, str] = {}
+    lines = []
+    for t in order:
+        spec = OPS[t.op]
+        parts = [t.op] + [_fmt_arg(k, v, lambda c: text[id(c)]) for k, v in zip(spec.signature, t.args)]
+        body = "(" + " ".join(parts) + ")"
+        if uses.get(id(t), 0) > 1:
+            name = f"%{len(lines)}"
+            lines.append(f"{name} = {body}")
+            body = name
+        text[id(t)] = body
+    lines += [f"output {name} = {text[id(t)]}" for name, t in outputs.items()]
+    return "\n".join(lines) + "\n"
 
 
 # ---- egglog text ---------------------------------------------------------------------------

@@ -1,0 +1,64 @@
+"""The command line: reports written, one-line errors, exit codes."""
+import json
+
+import onnx
+import pytest
+
+from apsat.cli import main
+from apsat.zoo import light_model_paths, randomize_weights
+
+SQUEEZENET = next(p for p in light_model_paths() if "squeezenet" in p.name)
+
+
+def test_optimize_writes_report_and_program(tmp_path, capsys):
+    model = tmp_path / "squeezenet.onnx"
+    onnx.save(randomize_weights(onnx.load(str(SQUEEZENET)), seed=3), str(model))
+    rc = main(["optimize", str(model), "--out", str(tmp_path / "out"), "--verify"])
+    assert rc == 0
+    report = json.loads((tmp_path / "out" / "squeezenet" / "report.json").read_text())
+    assert report["verification"]["ok"] and report["ops_before"]["Conv"] == 26
+    assert report["egraph"]["nodes"] > 0 and set(report["seconds"]) >= {"import", "egraph", "extract", "verify"}
+    from apsat.egraph.syntax import parse_dag_text
+
+    text = (tmp_path / "out" / "squeezenet" / "program.txt").read_text()
+    assert list(parse_dag_text(text)) == ["softmaxout_1"]
+    assert "apsat summary" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "empty"),
+    (b"this is not a protobuf at all \xff\xfe", "not an onnx file"),
+])
+def test_optimize_bad_file_is_one_line_error(tmp_path, capsys, content, message):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(content)
+    rc = main(["optimize", str(bad), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = [li for li in err.splitlines() if li.startswith("apsat: bad:")]
+    assert len(lines) == 1 and message in lines[0].lower()
+
+
+def test_zoo_on_a_directory_and_missing_model(tmp_path, capsys):
+    rc = main(["zoo", str(tmp_path / "nope.onnx"), "--out", str(tmp_path / "out")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "apsat: nope:" in err and "nope.onnx" in err
+
+
+def test_extract_command_prints_json(tmp_path, capsys):
+    g = {"nodes": {"a": {"op": "x", "children": [], "eclass": "c", "cost": 2.5}},
+         "root_eclasses": ["c"], "class_data": {}}
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(g))
+    assert main(["extract", str(path), "--method", "tree", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["method"] == "tree" and result["dag_cost"] == 2.5
+
+
+def test_extract_command_refuses_non_egraph(tmp_path, capsys):
+    path = tmp_path / "g.json"
+    path.write_text("[1, 2]")
+    assert main(["extract", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("apsat: ") and "not an extraction-gym e-graph" in err and err.count("\n") == 1
