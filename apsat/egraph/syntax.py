@@ -65,20 +65,22 @@ def _atom(node, what: str, ctx: str):
     return node[0]
 
 
-def _int(node, ctx):
-    tok = _atom(node, "an integer", ctx)
+def _number(node, ctx, kind):
+    """An int or float literal token; ParseError saying which was expected."""
+    what = "an integer" if kind is int else "a number"
+    tok = _atom(node, what, ctx)
     try:
-        return int(tok)
+        return kind(tok)
     except ValueError:
-        raise ParseError(f"parse: {ctx}: expected an integer, found {tok!r}") from None
+        raise ParseError(f"parse: {ctx}: expected {what}, found {tok!r}") from None
+
+
+def _int(node, ctx):
+    return _number(node, ctx, int)
 
 
 def _float(node, ctx):
-    tok = _atom(node, "a number", ctx)
-    try:
-        return float(tok)
-    except ValueError:
-        raise ParseError(f"parse: {ctx}: expected a number, found {tok!r}") from None
+    return _number(node, ctx, float)
 
 
 def _ints(node, ctx):
