@@ -31,6 +31,7 @@ from apsat.egraph.term import Term, postorder
 from apsat.errors import EGraphError, ShapeError
 
 LANGUAGE = (Path(__file__).with_name("language.egg")).read_text()
+from apsat.targets import parse_target  # noqa: E402
 from apsat.egraph.ops import EGG_NAMES as EGG_RENAME  # noqa: E402  (see ops.EGG_NAMES)
 _EGG_TO_REGISTRY = {v: k for k, v in EGG_RENAME.items()}
 # Constructors the serialized e-graph keeps (analysis tables and handles are left out).
@@ -81,7 +82,7 @@ class EGraph:
         """Load language.egg. `target` is stored for the rules and cost models that read
         it; `seed_every` is how often Python's shapes are seeded along a path (0: never,
         egglog derives every shape; 1: every term)."""
-        self.target = target
+        self.target = parse_target(target)
         self.seed_every = seed_every
         self._g = bindings.EGraph()
         self._rulesets: set[str] = set()
@@ -91,6 +92,8 @@ class EGraph:
         self.opaque_nodes: dict = {}            # opaque calls of added programs, by call name
         self.outputs: dict[str, str] = {}       # output name -> handle, latest add wins
         self.load_text(LANGUAGE, what="loading language.egg")
+        if self.target.facts():
+            self.load_text(self.target.facts(), what=f"setting facts for target {self.target.name}")
 
     # ---- egglog access ---------------------------------------------------------------
 
