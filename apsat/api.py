@@ -49,7 +49,8 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "tree",
              node_limit: int = 100_000, time_limit: float = 10.0, progress=None) -> OptimizeResult:
     """Optimise an ONNX model (a path, a ModelProto or a loaded Model) for `target`.
 
-    rules: ruleset names or rule-file paths to saturate with (None: no rewriting yet).
+    rules: ruleset names or rule-file paths to saturate with as one phase; None runs the
+        target's default phase plan; False saturates nothing (import and extract only).
     verify: compare the extracted program with onnxruntime on seeded random inputs.
     progress: optional callable(phase_name) told when each phase starts.
     """
@@ -73,8 +74,8 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "tree",
 
     t = time.perf_counter()
     tell("saturate")
-    saturation = eg.run(list(rules), iter_limit=iter_limit, node_limit=node_limit,
-                        time_limit=time_limit) if rules else {"stop_reason": "no rules"}
+    saturation = eg.saturate(rules if rules else None, iter_limit=iter_limit, node_limit=node_limit,
+                             time_limit=time_limit) if rules is not False else {"phases": [], "skipped": []}
     nodes, classes = eg.size()
     seconds["saturate"] = time.perf_counter() - t
 

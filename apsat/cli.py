@@ -1,4 +1,4 @@
-"""Command line: `apsat optimize`, `apsat zoo`, `apsat extract`.
+"""Command line: `apsat optimize`, `apsat zoo`, `apsat extract`, `apsat rules`.
 
 Every command prints a one-line error (never a traceback) for bad input and exits non-zero;
 optimize and zoo also exit non-zero when verification fails.
@@ -131,6 +131,37 @@ def cmd_extract(args) -> int:
     return 0
 
 
+def cmd_rules(args) -> int:
+    """`rules list`: every ruleset and rule with its file and line; `rules check PATH`:
+    validate rule files without running a model."""
+    from apsat.rules.library import RuleLibrary
+
+    if args.action == "check":
+        if not args.paths:
+            raise ApsatError("rules check: give one or more rule files or directories")
+        lib = RuleLibrary(args.paths)
+        names = lib.resolve(args.paths)
+        count = sum(1 for n in names for r in lib.rulesets[n] if str(r.path) in
+                    {str(p) for p in _rule_paths(args.paths)})
+        print(f"ok: {count} rules in ruleset(s) {', '.join(names) or '-'}")
+        return 0
+    lib = RuleLibrary(args.paths)
+    for name in sorted(lib.rulesets):
+        where = lib.defined_in.get(name, "")
+        print(f"{name}  ({where})")
+        for rule in lib.rulesets[name]:
+            print(f"  {rule.name}  {rule.path}:{rule.line}")
+    return 0
+
+
+def _rule_paths(items) -> list[Path]:
+    out = []
+    for item in items:
+        p = Path(item).resolve()
+        out.extend(sorted(p.glob("*.egg")) if p.is_dir() else [p])
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     from apsat.extract import EXTRACTORS
 
@@ -161,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="tree", choices=sorted(EXTRACTORS))
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_extract)
+    p = sub.add_parser("rules", help="list rulesets and rules, or check rule files")
+    p.add_argument("action", choices=["list", "check"])
+    p.add_argument("paths", nargs="*", help="rule files or directories (check: required; list: extra files)")
+    p.set_defaults(func=cmd_rules)
     return parser
 
 

@@ -62,3 +62,20 @@ def test_extract_command_refuses_non_egraph(tmp_path, capsys):
     assert main(["extract", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("apsat: ") and "not an extraction-gym e-graph" in err and err.count("\n") == 1
+
+
+def test_rules_check_and_list(tmp_path, capsys):
+    good = tmp_path / "mine.egg"
+    good.write_text("; mine\n(ruleset mine)\n; relu(relu x) -> relu x\n"
+                    "(rewrite (compute (relu) (compute (relu) x)) (compute (relu) x) :ruleset mine :name \"mine/idem\")\n")
+    assert main(["rules", "check", str(good)]) == 0
+    assert "ok: 1 rules in ruleset(s) mine" in capsys.readouterr().out
+    assert main(["rules", "list", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "mine" in out and f"mine/idem  {good.resolve()}:4" in out
+    bad = tmp_path / "bad.egg"
+    bad.write_text("(ruleset b)\n(run b 10)\n")
+    assert main(["rules", "check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith("`run` is not allowed in a rule file: only ruleset, rewrite, birewrite, rule, "
+                                "relation and function declarations") and f"{bad}:2:" in err

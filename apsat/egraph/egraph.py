@@ -288,6 +288,16 @@ class EGraph:
                 "nodes_before": nodes_before, "nodes_after": nodes,
                 "seconds": round(time.perf_counter() - start, 4), "rule_matches": matches}
 
+    def saturate(self, rules=None, iter_limit: int = 30, node_limit: int = 100_000,
+                 time_limit: float = 10.0, progress=None) -> dict:
+        """Saturate with `rules` (ruleset names or rule-file paths, one phase under these
+        limits) or, without rules, the target's default phase plan; returns the
+        saturation report (see apsat.rules.saturate)."""
+        from apsat.rules.saturate import saturate
+
+        return saturate(self, rules, iter_limit=iter_limit, node_limit=node_limit,
+                        time_limit=time_limit, progress=progress)
+
     def _saturate_shapes(self, time_limit: float = 120.0) -> None:
         """Run `shapes` to a fixpoint in bursts of 64 iterations (idle ones cost ~40 us),
         then check. Why not `(saturate ...)`: a rule file that adds a looping rule to

@@ -1,0 +1,114 @@
+"""The rule library: built-in rule files plus user files, validated together.
+
+`RuleLibrary(extra)` loads `apsat/rules/*.egg` and then the user's files or directories in
+order; `resolve(rules)` turns the `rules=` / `--rules` argument (ruleset names, or paths of
+rule files or directories whose rulesets are then used) into ruleset names; `load_into(eg,
+rulesets)` puts the needed declarations and rules into an EGraph once.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from apsat.errors import RuleError
+from apsat.rules.loader import BUILTIN_DIR, Rule, RuleFile, language_signatures, parse_rule_file
+
+
+def builtin_rule_files() -> list[Path]:
+    """The built-in rule files, one family a file."""
+    return sorted(BUILTIN_DIR.glob("*.egg"))
+
+
+def _expand(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(path.glob("*.egg"))
+    if not path.exists():
+        raise RuleError(f"{path}:1: no such rule file or directory")
+    return [path]
+
+
+class RuleLibrary:
+    """Validated rule files: `files`, `rulesets` (name -> its rules), `rules` (name -> Rule)."""
+
+    def __init__(self, extra=()):
+        self.files: list[RuleFile] = []
+        self.rulesets: dict[str, list[Rule]] = {}
+        self.rules: dict[str, Rule] = {}
+        self.defined_in: dict[str, Path] = {}
+        self._signatures = dict(language_signatures())
+        for path in builtin_rule_files():
+            self.add_file(path)
+        for item in extra:
+            for path in _expand(Path(item)):
+                self.add_file(path)
+
+    def add_file(self, path) -> RuleFile:
+        """Validate and add one file; returns it. RuleError `path:line: reason`."""
+        path = Path(path).resolve()
+        if any(f.path == path for f in self.files):
+            return next(f for f in self.files if f.path == path)
+        rf = parse_rule_file(path, set(self.rulesets), self._signatures)
+        for name, line in rf.rulesets:
+            self.rulesets[name] = []
+            self.defined_in[name] = path
+        for rule in rf.rules:
+            if rule.name in self.rules:
+                other = self.rules[rule.name]
+                raise RuleError(f"{path}:{rule.line}: rule name '{rule.name}' is already used "
+                                f"at {other.path}:{other.line}")
+            self.rules[rule.name] = rule
+            self.rulesets[rule.ruleset].append(rule)
+        self.files.append(rf)
+        return rf
+
+    def resolve(self, rules) -> list[str]:
+        """Ruleset names for a `rules=` argument: names, or paths whose files are added
+        and whose rulesets (declared there, or extended by their rules) are used."""
+        names: list[str] = []
+        for item in [rules] if isinstance(rules, (str, Path)) else list(rules):
+            text = str(item)
+            if text in self.rulesets and not Path(text).exists():
+                names.append(text)
+                continue
+            if not any(ch in text for ch in "/.") and not Path(text).exists():
+                known = ", ".join(sorted(self.rulesets)) or "none"
+                raise RuleError(f"unknown ruleset '{text}' (known: {known}; or give a rule file path)")
+            for path in _expand(Path(text)):
+                rf = self.add_file(path)
+                names.extend(n for n, _ in rf.rulesets)
+                names.extend(r.ruleset for r in rf.rules)
+        return list(dict.fromkeys(names))
+
+    def declarations_text(self) -> str:
+        """Every ruleset declaration and helper declaration, in file order."""
+        parts = []
+        for rf in self.files:
+            parts += [f"(ruleset {name})" for name, _ in rf.rulesets]
+            parts += rf.declarations
+        return "\n".join(parts)
+
+    def load_into(self, eg, rulesets) -> None:
+        """Load the declarations (once per e-graph) and the rules of `rulesets` not yet
+        loaded into `eg` (an apsat EGraph)."""
+        loaded = eg.__dict__.setdefault("_loaded_rules", set())
+        decls = eg.__dict__.setdefault("_loaded_decl_files", set())
+        new_files = [rf for rf in self.files if rf.path not in decls]
+        if new_files:
+            text = "\n".join([f"(ruleset {n})" for rf in new_files for n, _ in rf.rulesets] +
+                             [d for rf in new_files for d in rf.declarations])
+            if text:
+                eg.load_text(text, what="loading rule declarations")
+            decls.update(rf.path for rf in new_files)
+        todo = [r for name in rulesets for r in self.rulesets[name] if r.name not in loaded]
+        if todo:
+            eg.load_text("\n".join(r.text for r in todo), what=f"loading rules of {', '.join(rulesets)}")
+            loaded.update(r.name for r in todo)
+
+    def load_single_rule(self, eg, rule_name: str) -> str:
+        """Load one rule alone into its own ruleset; returns that ruleset's name."""
+        rule = self.rules.get(rule_name)
+        if rule is None:
+            raise RuleError(f"unknown rule '{rule_name}'")
+        self.load_into(eg, [])
+        only = "only-" + "".join(ch if ch.isalnum() else "-" for ch in rule_name)
+        eg.load_text(f"(ruleset {only})\n" + rule.text_in(only), what=f"loading rule {rule_name}")
+        return only

@@ -1,0 +1,233 @@
+"""Rule files: validate declarative egglog rule files and assemble them into rulesets.
+
+A rule file holds only declarations and rules: `(ruleset NAME)`, `rewrite`, `birewrite`,
+`rule`, and helper `relation`/`function` declarations. Anything that runs, extracts or
+touches files (`run`, `let`, `extract`, `include`, `input`, `output`, ...) is refused, as
+are unknown ops, wrong arities, variables on a right-hand side that the left side does not
+bind, rules outside a named ruleset, and a ruleset or rule name defined twice. Every
+refusal is a RuleError `path:line: reason`, raised before any text reaches egglog.
+
+Each rule has a name: its `:name "..."` or, failing that, `FILE-STEM:LINE`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from apsat.errors import RuleError
+from apsat.rules.sexpr import Atom, Form, SexprError, atoms, calls, read_forms
+
+BUILTIN_DIR = Path(__file__).resolve().parent
+LANGUAGE = BUILTIN_DIR.parent / "egraph" / "language.egg"
+RULE_FORMS = {"rewrite", "birewrite", "rule"}
+DECLARATIONS = {"ruleset", "relation", "function"}
+# egglog primitives and action keywords a rule may use (no arity check)
+PRIMITIVES = set("+ - * / % << >> & | ^ < > <= >= = != min max not and or abs log2 "
+                 "to-f64 to-i64 neg sqrt-f64 bool-= bool-< bool-> replace count-matches "
+                 "union set let delete subsume".split())
+REFUSED_ACTIONS = {"panic", "extract", "print-function", "input", "output", "include"}
+_IDENT = re.compile(r"[A-Za-z_?][\w\-?!*+/<>=.]*")
+
+
+@dataclass
+class Rule:
+    """One rule: its `name`, `ruleset`, source `path` and `line`, and egglog `text`."""
+
+    name: str
+    ruleset: str
+    path: Path
+    line: int
+    text: str
+
+    def text_in(self, ruleset: str) -> str:
+        """This rule's text moved into another ruleset (to run one rule alone)."""
+        return re.sub(r":ruleset\s+[^\s()]+", f":ruleset {ruleset}", self.text, count=1)
+
+
+@dataclass
+class RuleFile:
+    """A validated rule file: rulesets it declares, helper declarations, rules."""
+
+    path: Path
+    rulesets: list[tuple[str, int]] = field(default_factory=list)   # (name, line)
+    declarations: list[str] = field(default_factory=list)          # helper function/relation text
+    rules: list[Rule] = field(default_factory=list)
+
+
+@lru_cache(maxsize=1)
+def language_signatures() -> dict[str, int | None]:
+    """Name -> arity of every constructor, function and relation language.egg declares."""
+    sig: dict[str, int | None] = {}
+    for form in read_forms(LANGUAGE.read_text()):
+        if not isinstance(form, Form):
+            continue
+        if form.head in ("datatype", "datatype*"):
+            groups = form.items[2:] if form.head == "datatype" else [
+                g for sort in form.items[1:] if isinstance(sort, Form) for g in sort.items[1:]]
+            for ctor in groups:
+                if isinstance(ctor, Form):
+                    sig[ctor.head] = len(ctor.items) - 1
+        elif form.head in ("function", "relation", "constructor") and len(form.items) > 2:
+            args = form.items[2]
+            sig[form.items[1].text] = len(args.items) if isinstance(args, Form) else None
+        elif form.head == "ruleset":
+            pass
+    return sig
+
+
+def _is_var(atom: Atom) -> bool:
+    t = atom.text
+    return bool(_IDENT.fullmatch(t)) and t not in ("true", "false") and not t.startswith(":")
+
+
+def _keyword(items: list, key: str):
+    """The item after keyword `key` in a form's items (None when absent)."""
+    for i, it in enumerate(items):
+        if isinstance(it, Atom) and it.text == key:
+            return items[i + 1] if i + 1 < len(items) else None
+    return None
+
+
+def _positional(items: list) -> list:
+    """Items before the first `:keyword`."""
+    out = []
+    for it in items:
+        if isinstance(it, Atom) and it.text.startswith(":"):
+            break
+        out.append(it)
+    return out
+
+
+def _bound(node) -> set[str]:
+    """Variables a pattern binds: identifiers that are not in head position."""
+    heads = {id(f.items[0]) for f in calls(node) if f.items}
+    return {a.text for a in atoms(node) if id(a) not in heads and _is_var(a)}
+
+
+class _Checker:
+    """Validates forms of one file against the known signatures."""
+
+    def __init__(self, path: Path, signatures: dict, rulesets: set[str]):
+        self.path, self.sig, self.rulesets = path, signatures, rulesets
+
+    def fail(self, line: int, reason: str):
+        raise RuleError(f"{self.path}:{line}: {reason}")
+
+    def check_calls(self, node, where: str):
+        for f in calls(node):
+            if not f.items:
+                continue
+            head = f.items[0]
+            if isinstance(head, Form):
+                continue  # a query/action list: its elements are checked as calls
+            name = head.text
+            if name in REFUSED_ACTIONS:
+                self.fail(f.line, f"`{name}` is not allowed in a rule file (rule files are declarative)")
+            if name.startswith("$"):
+                self.fail(f.line, f"global {name} is not allowed in a rule file")
+            if name in PRIMITIVES:
+                continue
+            if name not in self.sig:
+                self.fail(f.line, f"unknown op '{name}' in {where}")
+            arity = self.sig[name]
+            if arity is not None and len(f.items) - 1 != arity:
+                self.fail(f.line, f"'{name}' takes {arity} arguments, got {len(f.items) - 1}")
+
+    def check_ruleset(self, form: Form) -> str:
+        rs = _keyword(form.items, ":ruleset")
+        if rs is None:
+            self.fail(form.line, "rule has no :ruleset (rules must belong to a named ruleset)")
+        if rs.text not in self.rulesets:
+            self.fail(form.line, f"unknown ruleset '{rs.text}' (declare it with (ruleset {rs.text}))")
+        return rs.text
+
+    def rewrite(self, form: Form) -> None:
+        pos = _positional(form.items[1:])
+        if len(pos) != 2:
+            self.fail(form.line, f"{form.head} needs a left and a right side, got {len(pos)} parts")
+        lhs, rhs = pos
+        if not isinstance(lhs, Form):
+            self.fail(form.line, "the left side must be a pattern, not a bare variable "
+                      "(egglog cannot match one: anchor the rule on a construct)")
+        when = _keyword(form.items, ":when")
+        self.check_calls(lhs, "the left side")
+        self.check_calls(rhs, "the right side")
+        bound = _bound(lhs) | (_bound(when) if when is not None else set())
+        if when is not None:
+            self.check_calls(when, ":when")
+        self.unbound(rhs, bound, "right side")
+        if form.head == "birewrite":
+            self.unbound(lhs, _bound(rhs) | (_bound(when) if when is not None else set()), "left side")
+
+    def rule(self, form: Form) -> None:
+        pos = _positional(form.items[1:])
+        if len(pos) != 2 or not all(isinstance(p, Form) for p in pos):
+            self.fail(form.line, "rule needs a query list and an action list")
+        query, actions = pos
+        self.check_calls(query, "the query")
+        self.check_calls(actions, "the actions")
+        bound = _bound(query)
+        for action in actions.items:
+            if isinstance(action, Form) and action.head == "let" and len(action.items) == 3:
+                self.unbound(action.items[2], bound, "action")
+                bound.add(action.items[1].text)
+            else:
+                self.unbound(action, bound, "action")
+
+    def unbound(self, node, bound: set[str], where: str) -> None:
+        heads = {id(f.items[0]) for f in calls(node) if isinstance(f, Form) and f.items}
+        for a in atoms(node):
+            if id(a) not in heads and _is_var(a) and a.text not in bound:
+                self.fail(a.line, f"variable '{a.text}' on the {where} is not bound by the left side")
+
+
+def parse_rule_file(path, known_rulesets: set[str], signatures: dict) -> RuleFile:
+    """Validate one rule file. `known_rulesets`: rulesets defined by files loaded before
+    (a file may add rules to them but not declare them again). `signatures` is updated
+    with the file's helper declarations."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuleError(f"{path}:1: cannot read rule file ({exc.__class__.__name__})") from None
+    try:
+        forms = read_forms(text)
+    except SexprError as exc:
+        raise RuleError(f"{path}:{exc.line}: syntax error: {exc.reason}") from None
+    out = RuleFile(path)
+    rulesets = set(known_rulesets)
+    check = _Checker(path, signatures, rulesets)
+    for form in forms:
+        if isinstance(form, Atom):
+            check.fail(form.line, f"unexpected '{form.text}' at top level")
+        if form.head in REFUSED_ACTIONS or form.head not in RULE_FORMS | DECLARATIONS:
+            check.fail(form.line, f"`{form.head or '('}` is not allowed in a rule file: only ruleset, "
+                       "rewrite, birewrite, rule, relation and function declarations")
+        if form.head == "ruleset":
+            name = form.items[1].text if len(form.items) == 2 and isinstance(form.items[1], Atom) else None
+            if name is None:
+                check.fail(form.line, "expected (ruleset NAME)")
+            if name in rulesets or name == "shapes":
+                check.fail(form.line, f"ruleset '{name}' is defined twice")
+            rulesets.add(name)
+            out.rulesets.append((name, form.line))
+        elif form.head in ("function", "relation"):
+            if len(form.items) < 3 or not isinstance(form.items[1], Atom) or not isinstance(form.items[2], Form):
+                check.fail(form.line, f"expected ({form.head} NAME (ARG-SORTS ...) ...)")
+            name = form.items[1].text
+            if name in signatures:
+                check.fail(form.line, f"'{name}' is already declared (prefix helpers with the family name)")
+            signatures[name] = len(form.items[2].items)
+            out.declarations.append(text[form.start:form.end])
+        else:
+            check.rewrite(form) if form.head in ("rewrite", "birewrite") else check.rule(form)
+            ruleset = check.check_ruleset(form)
+            name_atom = _keyword(form.items, ":name")
+            name = name_atom.text.strip('"') if name_atom is not None else f"{path.stem}:{form.line}"
+            body = text[form.start:form.end]
+            if name_atom is None:
+                body = body[:-1] + f' :name "{name}")'
+            out.rules.append(Rule(name, ruleset, path, form.line, body))
+    return out
