@@ -29,6 +29,10 @@ EXAMPLES = [
     "(access-broadcast (access (access-reshape (access-tensor v) (access-shape (shape) (shape 1 6))) 1) "
     "(access-shape (shape 4) (shape 6)))",
     "(compute (clip -1.0 6.0) (access-literal 0.5))",
+    "(fused-dot-bias (access (access-tensor m) 1) (access (access-tensor m) 1) "
+    "(compute reduce-sum (access (access-tensor m) 1)))",
+    "(fused-dot-bias-act (clip 0.0 6.0) (access (access-tensor m) 1) (access (access-tensor m) 1) "
+    "(compute reduce-sum (access (access-tensor m) 1)))",
     "(compute (lrn 5 0.0001 0.75 1.0) (access (access-tensor t) 0))",
     "(compute (layer-norm 1e-05) (access (access-tensor m) 1))",
     "(systolic-array 27 8 (access (access-tensor x) 1) "

@@ -278,6 +278,14 @@ def _lrn(x, n_iter, params):
     return x / scale ** np.float32(beta)
 
 
+def _gelu(x, n_iter, params):
+    """Exact GELU in the float32 steps exporters write it in (Div, Erf, Add, Mul, Mul):
+    x * (erf(x / sqrt 2) + 1) * 0.5, so the fused operator rounds like the pattern."""
+    x = np.asarray(x, dtype=np.float32)
+    e = _erf(x / np.float32(math.sqrt(2.0)), n_iter, params)
+    return (x * (e + np.float32(1.0))) * np.float32(0.5)
+
+
 def _unary(fn):
     def evaluate(x, n_iter, params):
         return fn(x)
@@ -306,6 +314,7 @@ COMPUTE_EVALUATORS: dict = {
     "elementwise-div": _nary("elementwise-div", np.divide),
     "elementwise-pow": _nary("elementwise-pow", np.power),
     "select": _select,
+    "gelu": _gelu,
 }
 
 

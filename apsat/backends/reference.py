@@ -28,7 +28,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from apsat.backends.compute_semantics import (COMPUTE_EVALUATORS, EvaluationError, LazyCartesian,
-                                              LazyPair, apply_compute, dense, lazy_ok)
+                                              LazyPair, apply_compute, contract, dense, lazy_ok)
 from apsat.egraph.program import OpaqueNode, Program
 from apsat.egraph.term import Term
 
@@ -178,6 +178,22 @@ def _systolic(ev, term, vals):
     return np.matmul(a, b)
 
 
+def _fused_dot_bias(ev, term, vals):
+    """dot-product of the cartesian product of a and b (a matmul, never built) plus the
+    bias ((ib), ()) broadcast over a's iterated dims: out[i.., j..] = a.b + bias[j..]."""
+    a, b, bias = vals[-3:]
+    out = contract(*LazyCartesian(a, b, ev.n_iter(term.args[-3]), ev.n_iter(term.args[-2])).operands(),
+                   ev.n_iter(term.args[-3]) + ev.n_iter(term.args[-2]))
+    return out + bias
+
+
+def _fused_dot_bias_act(ev, term, vals):
+    """fused-dot-bias, then the elementwise activation (the compute operator's semantics)."""
+    op = term.args[0]
+    y = _fused_dot_bias(ev, term, vals)
+    return apply_compute(op.op, op.args, y, y.ndim)
+
+
 # ---- opaque calls (onnxruntime) -------------------------------------------------------------
 
 def _opaque_key(node: OpaqueNode) -> bytes:
@@ -288,6 +304,8 @@ EVALUATORS: dict = {
     "compute": _compute,
     "systolic-array": _systolic,
     "opaque": _opaque,
+    "fused-dot-bias": _fused_dot_bias,
+    "fused-dot-bias-act": _fused_dot_bias_act,
 }
 
 

@@ -227,6 +227,27 @@ def _opaque(args, shapes, env):
     return ((), tuple(args[2]))
 
 
+def _fused_dot(args, shapes, env, op):
+    """Shape of the fused dot-product atoms: a ((ia), item), b ((ib), item), bias ((ib), ())
+    -> ((ia ++ ib), ()), as `compute dot-product (access-cartesian-product a b)`."""
+    (ia, ta), (ib, tb), (ic, tc) = shapes
+    _check(ta == tb, f"{op}: item shapes differ, {ta} vs {tb}")
+    _check(len(ta) >= 1, f"{op}: the item has no axis to pair over")
+    _check(ic == ib and tc == (), f"{op}: bias shape {(ic, tc)} is not (({ib}), ())")
+    return (ia + ib, ())
+
+
+def _fused_dot_bias(args, shapes, env):
+    return _fused_dot(args, shapes, env, "fused-dot-bias")
+
+
+def _fused_dot_bias_act(args, shapes, env):
+    op = args[0]
+    _check(op.op in ACTIVATIONS,
+           f"fused-dot-bias-act: {op.op!r} is not an activation ({', '.join(sorted(ACTIVATIONS))})")
+    return _fused_dot(args[1:], shapes, env, "fused-dot-bias-act")
+
+
 OPS: dict[str, OpSpec] = {s.name: s for s in [
     OpSpec("access-tensor", ("name",), _access_tensor,
            "A named tensor (input or weight) accessed as ((), dims).", ("<graph input>", "<initializer>")),
@@ -270,6 +291,18 @@ OPS: dict[str, OpSpec] = {s.name: s for s in [
     OpSpec("opaque", ("name", "exprs", "shape"), _opaque,
            "An ONNX node the language does not cover, run by onnxruntime: ((), out dims).",
            ("<any op without a lowering>",)),
+    # Fused kernel atoms (produced by apsat/rules/fusion.egg, never by the importer).
+    OpSpec("fused-dot-bias", ("expr", "expr", "expr"), _fused_dot_bias,
+           "Kernel atom: matmul/convolution plus per-output-column bias. For a ((ia), item), "
+           "b ((ib), item), bias ((ib), ()): out[i.., j..] = sum over item of "
+           "a[i.., item] * b[j.., item] + bias[j..], shape ((ia ++ ib), ()); i.e. "
+           "`compute dot-product (access-cartesian-product a b)` plus bias broadcast over ia.",
+           "kernel atom, produced only by the fusion rules"),
+    OpSpec("fused-dot-bias-act", ("compute-op", "expr", "expr", "expr"), _fused_dot_bias_act,
+           "Kernel atom: `fused-dot-bias a b bias` followed by an elementwise activation OP "
+           "(one of ops.ACTIVATIONS: relu, clip lo hi, gelu, sigmoid, tanh) applied to every "
+           "element: out = OP(fused-dot-bias a b bias), shape ((ia ++ ib), ()).",
+           "kernel atom, produced only by the fusion rules"),
 ]}
 
 # ---- compute operators --------------------------------------------------------------------
@@ -332,7 +365,14 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
     ComputeSpec("elementwise-div", (), _nary(2), "item[0] / item[1].", ("Div",)),
     ComputeSpec("elementwise-pow", (), _nary(2), "item[0] ** item[1].", ("Pow",)),
     ComputeSpec("select", (), _nary(3), "item[1] where item[0] != 0 else item[2].", ("Where",)),
+    ComputeSpec("gelu", (), _same,
+                "Exact (erf) GELU, elementwise: x * (erf(x / sqrt 2) + 1) * 0.5 in float32.",
+                "produced by the fusion rules from the Div/Erf/Add/Mul pattern exporters write; "
+                "ONNX Gelu (opset 20) is not lowered yet"),
 ]}
+
+# Elementwise unary compute operators a fused kernel may apply as its epilogue.
+ACTIVATIONS = frozenset({"relu", "clip", "gelu", "sigmoid", "tanh"})
 
 PAD_TYPES = ("zero-padding", "min-padding")
 

@@ -16,7 +16,7 @@ from apsat.egraph.term import Term, postorder
 from apsat.errors import ShapeError
 
 SHAPES = {"t": (3, 32, 32), "w": (8, 3, 3, 3), "x": (3, 4), "y": (3, 4), "z": (4, 6),
-          "v": (1, 4), "q": (2, 3, 4), "c": (4, 3, 4)}
+          "v": (1, 4), "q": (2, 3, 4), "c": (4, 3, 4), "bias3": (3,)}
 X, Y, Q = "(access (access-tensor x) 1)", "(access (access-tensor y) 1)", "(access (access-tensor q) 1)"
 WINDOWS = "(access-windows (access (access-tensor t) 0) (shape 3 3 3) (shape 1 1 1))"
 CONV = (f"(compute dot-product (access-cartesian-product (access (access-tensor w) 1) "
@@ -62,6 +62,11 @@ PROGRAMS += [(f"(compute {op} {Q})", ((2,), (3, 4)))
              for op in ("negative", "sqrt", "exp", "erf", "tanh", "sigmoid", "softmax")]
 PROGRAMS += [(f"(compute {op} (access-pair {X} {Y}))", ((3,), (4,)))
              for op in ("elementwise-sub", "elementwise-div", "elementwise-pow", "elementwise-mul")]
+PROGRAMS += [  # fused atoms (fusion rules)
+    (f"(fused-dot-bias {X} {Y} (access (access-tensor bias3) 1))", ((3, 3), ())),
+    (f"(fused-dot-bias-act relu {X} {Y} (access (access-tensor bias3) 1))", ((3, 3), ())),
+    (f"(compute gelu {X})", ((3,), (4,))),
+]
 
 
 def _program(text):
@@ -114,6 +119,8 @@ def test_glenside_examples():
 
 # Terms Python's shape rules reject, one or more per check in ops.py.
 BAD = [
+    f"(fused-dot-bias {X} {Y} (access (access-tensor x) 1))",
+    f"(fused-dot-bias-act softmax {X} {Y} (access (access-tensor bias3) 1))",
     f"(access (access-tensor x) 3)",
     f"(access-transpose {X} (list 0 0))",
     f"(access-transpose {X} (list 0))",

@@ -1,0 +1,271 @@
+"""The `fusion` rules (apsat/rules/fusion.egg): per rule soundness, reach and refusal on
+small programs written the way the importer writes them, then the acceptance checks on
+whole models: light ResNet-50 (Conv -> BatchNorm -> Relu becomes fused kernels with the
+BatchNorm folded into the weights, verified against onnxruntime), the GELU MLP and a small
+convnet with conv biases."""
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import apsat
+from apsat import zoo
+from apsat.backends.reference import evaluate
+from apsat.egraph.egraph import EGraph
+from apsat.egraph.ops import OPS
+from apsat.egraph.term import postorder
+from apsat.rules.library import RuleLibrary
+from apsat.verify import verify_program
+from harness import check_reaches, check_refuses, check_sound, random_tensors, run_rule
+
+import models
+
+# ---- small programs --------------------------------------------------------------------------
+
+A = "(access (access-tensor a) 1)"                      # a (5, 6): 5 rows
+W = "(access (access-tensor w) 1)"                      # w (4, 6): 4 output columns
+MM = f"(compute dot-product (access-cartesian-product {A} {W}))"          # ((5, 4), ())
+WIN = ("(access-squeeze (access-windows (access (access-tensor x) 1) (shape 3 3 3) (shape 1 1 1)) 1)")
+CW = "(access (access-tensor cw) 1)"                    # conv weight (5, 3, 3, 3)
+CONV_NHWC = f"(compute dot-product (access-cartesian-product {WIN} {CW}))"  # ((1, 4, 4, 5), ())
+CONV = f"(access-transpose {CONV_NHWC} (list 0 3 1 2))"                    # NCHW (1, 5, 4, 4)
+SHAPES = {"a": (5, 6), "w": (4, 6), "b": (4,), "r": (5,), "x": (1, 3, 6, 6), "cw": (5, 3, 3, 3),
+          "cb": (5,), "s": (5,), "q": (4,), "wt": (6, 4)}
+
+
+def vec(name, reshape, target=None):
+    """A 1-D tensor laid along one axis the importer's way: reshape to (1.. n ..1), broadcast."""
+    r = f"(access-reshape (access-tensor {name}) (access-shape (shape {reshape}) (shape)))"
+    return r if target is None else f"(access-broadcast {r} (access-shape (shape {target}) (shape)))"
+
+
+def add(x, y):
+    return f"(compute elementwise-add (access-pair {x} {y}))"
+
+
+def mul(x, y):
+    return f"(compute elementwise-mul (access-pair {x} {y}))"
+
+
+BIAS = vec("b", "1 4", "5 4")                 # per output column of MM
+ROWVEC = vec("r", "5 1", "5 4")               # per row of MM: not a bias of the product
+CVEC = vec("cb", "1 5 1 1", "1 5 4 4")        # per channel of CONV
+SVEC = vec("s", "1 5 1 1", "1 5 4 4")
+HVEC = vec("q", "1 1 4 1", "1 5 4 4")         # along H of CONV: not per channel
+FDB = f"(fused-dot-bias {A} {W} (access (access-tensor b) 1))"
+CFDB = f"(fused-dot-bias {WIN} {CW} (access (access-tensor cb) 1))"
+
+
+def lit(value, rank=2, target="5 4"):
+    ones = " ".join(["1"] * rank)
+    return (f"(access-broadcast (access-reshape (access-literal {value}) (access-shape (shape {ones}) (shape))) "
+            f"(access-shape (shape {target}) (shape)))")
+
+
+def gelu_text(x, sqrt2=1.4142135381698608):
+    erf = f"(compute erf (compute elementwise-div (access-pair {x} {lit(sqrt2)})))"
+    return mul(mul(x, add(erf, lit(1.0))), lit(0.5))
+
+
+# (rule, program, pattern expected in the root e-class)
+REACH = [
+    ("fusion/bias", add(MM, BIAS), "(fused-dot-bias ?a ?b ?c)"),
+    ("fusion/bias-unbroadcast",
+     add("(compute dot-product (access-cartesian-product (access (access-tensor r1) 1) (access (access-tensor w) 1)))",
+         vec("b", "1 4")), "(fused-dot-bias ?a ?b ?c)"),
+    ("fusion/bias-commuted", add(BIAS, MM), "(fused-dot-bias ?a ?b ?c)"),
+    ("fusion/bias-transposed", add(CONV, CVEC), "(access-transpose (fused-dot-bias ?a ?b ?c) (list 0 3 1 2))"),
+    ("fusion/bias-transposed-commuted", add(CVEC, CONV),
+     "(access-transpose (fused-dot-bias ?a ?b ?c) (list 0 3 1 2))"),
+    ("fusion/bias-accumulate", add(FDB, BIAS), "(fused-dot-bias ?a ?b (compute elementwise-add ?p))"),
+    ("fusion/bias-accumulate-transposed", add(f"(access-transpose {CFDB} (list 0 3 1 2))", SVEC),
+     "(access-transpose (fused-dot-bias ?a ?b (compute elementwise-add ?p)) (list 0 3 1 2))"),
+    ("fusion/scale-fold", mul(MM, BIAS),
+     "(compute dot-product (access-cartesian-product ?a (compute elementwise-mul ?p)))"),
+    ("fusion/scale-fold-transposed", mul(CONV, SVEC),
+     "(access-transpose (compute dot-product (access-cartesian-product ?a (compute elementwise-mul ?p))) "
+     "(list 0 3 1 2))"),
+    ("fusion/scale-fold-biased-transposed", mul(f"(access-transpose {CFDB} (list 0 3 1 2))", SVEC),
+     "(access-transpose (fused-dot-bias ?a (compute elementwise-mul ?p) (compute elementwise-mul ?q)) "
+     "(list 0 3 1 2))"),
+    ("fusion/relu", f"(compute relu {FDB})", "(fused-dot-bias-act relu ?a ?b ?c)"),
+    ("fusion/relu-transposed", f"(compute relu (access-transpose {CFDB} (list 0 3 1 2)))",
+     "(access-transpose (fused-dot-bias-act relu ?a ?b ?c) (list 0 3 1 2))"),
+    ("fusion/clip", f"(compute (clip 0.0 6.0) {FDB})", "(fused-dot-bias-act (clip 0.0 6.0) ?a ?b ?c)"),
+    ("fusion/clip-transposed", f"(compute (clip 0.0 6.0) (access-transpose {CFDB} (list 0 3 1 2)))",
+     "(access-transpose (fused-dot-bias-act (clip 0.0 6.0) ?a ?b ?c) (list 0 3 1 2))"),
+    ("fusion/gelu", f"(compute gelu {FDB})", "(fused-dot-bias-act gelu ?a ?b ?c)"),
+    ("fusion/gelu-transposed", f"(compute gelu (access-transpose {CFDB} (list 0 3 1 2)))",
+     "(access-transpose (fused-dot-bias-act gelu ?a ?b ?c) (list 0 3 1 2))"),
+    ("fusion/gelu-erf", gelu_text(MM), "(compute gelu ?x)"),
+]
+SHAPES["r1"], SHAPES["m14"] = (1, 6), (1, 4)
+
+# (rule, program whose condition fails)
+REFUSE = [
+    ("fusion/bias", add(MM, ROWVEC)),                                   # vector along the rows
+    ("fusion/bias-unbroadcast",
+     add("(compute dot-product (access-cartesian-product (access (access-tensor r1) 1) (access (access-tensor w) 1)))",
+         "(access-reshape (access-tensor m14) (access-shape (shape 1 4) (shape)))")),  # not 1-D
+    ("fusion/bias-commuted", add(ROWVEC, MM)),
+    ("fusion/bias-transposed", add(CONV, HVEC)),                        # along H, not channels
+    ("fusion/bias-transposed-commuted", add(HVEC, CONV)),
+    ("fusion/bias-accumulate", add(FDB, ROWVEC)),
+    ("fusion/bias-accumulate-transposed", add(f"(access-transpose {CFDB} (list 0 3 1 2))", HVEC)),
+    ("fusion/scale-fold", mul(MM, ROWVEC)),
+    # weight operand not a named tensor accessed by rows: its dims are not known as a list
+    ("fusion/scale-fold", mul("(compute dot-product (access-cartesian-product "
+                              f"{A} (access-transpose (access (access-tensor wt) 1) (list 1 0))))", BIAS)),
+    ("fusion/scale-fold-transposed", mul(CONV, HVEC)),
+    ("fusion/scale-fold-biased-transposed", mul(f"(access-transpose {CFDB} (list 0 3 1 2))", HVEC)),
+    ("fusion/gelu-erf", gelu_text(MM, sqrt2=1.7320508075688772)),      # x / sqrt 3: not GELU
+]
+
+
+@pytest.mark.parametrize("rule,text,pattern", REACH, ids=[r[0] for r in REACH])
+def test_reaches(rule, text, pattern):
+    check_reaches(rule, text, SHAPES, pattern)
+
+
+@pytest.mark.parametrize("rule,text,pattern", REACH, ids=[r[0] for r in REACH])
+def test_sound(rule, text, pattern):
+    check_sound(rule, text, SHAPES, seed=3)
+
+
+@pytest.mark.parametrize("rule,text", REFUSE, ids=[f"{r[0]}-{i}" for i, r in enumerate(REFUSE)])
+def test_refuses(rule, text):
+    check_refuses(rule, text, SHAPES)
+
+
+def test_rule_names_in_this_file():
+    """Every fusion rule is exercised above (the coverage test only greps for names)."""
+    names = {r for r in RuleLibrary().rules if r.startswith("fusion/")}
+    assert names == {r for r, _, _ in REACH}
+
+
+def test_batchnorm_conv_relu_from_the_importer_sound():
+    """The exact Conv -> BatchNormalization -> Relu term the importer writes, all fusion rules:
+    the root class reaches one fused kernel over folded weights, and every sampled member
+    (up to 20) equals the original."""
+    from harness import members
+    model = models.make_model(
+        [onnx.helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         onnx.helper.make_node("BatchNormalization", ["c", "g", "bb", "mu", "var"], ["n"]),
+         onnx.helper.make_node("Relu", ["n"], ["y"])],
+        {"x": (1, 3, 8, 8)}, ["y"],
+        {k: v for k, v in zip(["w", "g", "bb", "mu", "var"], _bn_weights())})
+    m = apsat.load_onnx(model)
+    eg = EGraph()
+    RuleLibrary().load_into(eg, ["fusion"])
+    root = eg.add(m.program)
+    eg.run(["fusion"])
+    assert eg.matches("(access-transpose (fused-dot-bias-act relu ?x (compute elementwise-mul ?p) ?c) "
+                      "(list 0 3 1 2))", root)
+    inputs = {**m.weights, "x": np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    want = evaluate(m.program, inputs)
+    progs = members(eg, root)
+    assert len(progs) >= 2
+    for prog in progs:
+        np.testing.assert_allclose(evaluate(prog, inputs), want, rtol=1e-4, atol=1e-5)
+
+
+def _bn_weights():
+    rng = np.random.default_rng(1)
+    return [(rng.standard_normal((4, 3, 3, 3)) / np.sqrt(27)).astype(np.float32),
+            (1 + 0.1 * rng.standard_normal(4)).astype(np.float32),
+            (0.1 * rng.standard_normal(4)).astype(np.float32),
+            (0.1 * rng.standard_normal(4)).astype(np.float32),
+            (1 + 0.1 * np.abs(rng.standard_normal(4))).astype(np.float32)]
+
+
+# ---- whole models ----------------------------------------------------------------------------
+
+class FusedCheaper:
+    """Test cost model: a fused atom costs 1, a compute node 2 (a kernel), any other Expr
+    node 1, so a fused kernel is cheaper than the dot-product, add and activation it covers."""
+
+    name = "fused-cheaper"
+
+    def node_cost(self, graph):
+        def cost(nid):
+            op = graph.nodes[nid]["op"]
+            if op not in OPS:
+                return 0.0
+            return 2.0 if op == "compute" else 1.0
+        return cost
+
+
+def _optimise(m):
+    eg = EGraph()
+    RuleLibrary().load_into(eg, ["fusion"])
+    handles = eg.add_outputs(m.program)
+    report = eg.run(["fusion"])
+    return apsat.extract(eg, handles, method="tree", cost=FusedCheaper()), report
+
+
+def _depends_on(program, inputs):
+    """term -> True when its value depends on a graph input (an activation, not a weight)."""
+    dep = {}
+    for t in program.terms():
+        kids = list(t.children())
+        dep[t] = (t.op == "access-tensor" and t.args[0] in inputs) or any(dep[k] for k in kids)
+    return dep
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    path = next(p for p in zoo.light_model_paths() if "resnet50" in p.name)
+    m = apsat.load_onnx(zoo.randomize_weights(onnx.load(str(path)), seed=0))
+    best, report = _optimise(m)
+    return m, best, report
+
+
+def test_resnet50_conv_bn_relu_become_fused_kernels(resnet):
+    m, best, report = resnet
+    assert report["stop_reason"] == "saturated"
+    counts = best.op_counts()
+    # 53 convolutions: 33 Conv->BN->Relu, 16 Conv->BN->(residual Sum), 4 projection
+    # shortcuts Conv->BN; plus the final Gemm with its bias.
+    assert counts.get("fused-dot-bias-act", 0) == 33
+    assert counts.get("fused-dot-bias", 0) == 21
+    assert counts.get("compute dot-product", 0) == 0
+    assert counts.get("compute relu", 0) == 16            # only after the residual adds
+    acts = [t for t in best.terms() if t.op == "fused-dot-bias-act"]
+    assert all(t.args[0].op == "relu" for t in acts)
+
+
+def test_resnet50_batchnorm_arithmetic_only_on_weights(resnet):
+    m, best, _ = resnet
+    dep = _depends_on(best, set(m.inputs))
+    on_activations = [t.args[0].op for t in best.terms() if t.op == "compute" and dep[t]]
+    # what is left on activations: residual adds, their relus, pooling and the softmax
+    assert sorted(set(on_activations)) == ["elementwise-add", "reduce-max", "reduce-mean", "relu", "softmax"]
+    assert on_activations.count("elementwise-add") == 16
+    # the BatchNorm scale now multiplies weights: every elementwise-mul is on weights only
+    assert sum(1 for t in best.terms() if t.op == "compute" and t.args[0].op == "elementwise-mul") > 0
+
+
+def test_resnet50_fused_program_verifies_against_onnxruntime(resnet):
+    m, best, _ = resnet
+    v = verify_program(m, best, zoo.random_inputs(m, 0))
+    assert v.ok, v
+
+
+def test_gelu_mlp_fuses_matmul_bias_gelu_and_verifies():
+    m = apsat.load_onnx(models.gelu_mlp())
+    best, _ = _optimise(m)
+    counts = best.op_counts()
+    assert counts.get("fused-dot-bias-act", 0) == 1 and counts.get("fused-dot-bias", 0) == 1
+    assert [t.args[0].op for t in best.terms() if t.op == "fused-dot-bias-act"] == ["gelu"]
+    assert "compute erf" not in counts
+    assert verify_program(m, best, zoo.random_inputs(m, 0)).ok
+
+
+def test_small_convnet_with_conv_biases_verifies():
+    m = apsat.load_onnx(models.small_convnet())
+    best, _ = _optimise(m)
+    counts = best.op_counts()
+    assert counts.get("fused-dot-bias-act", 0) == 1       # conv1 + bias + relu
+    assert counts.get("fused-dot-bias", 0) == 2           # conv2 + bias (residual follows), gemm
+    assert verify_program(m, best, zoo.random_inputs(m, 0)).ok
