@@ -1,0 +1,195 @@
+"""The layout family (apsat/rules/layout.egg): every rule sound, reaching its goal, and
+refusing where its condition fails; the whole family cancels NCHW <-> NHWC transposes
+around element-wise regions and pre-lays-out systolic weights.
+
+Soundness tolerance (the harness's rtol 1e-4 / atol 1e-5, which these rules meet with
+room): transposes and accesses move data exactly and the element-wise ops compute the
+same float32 values in another order of elements, so results are bit-identical in
+practice; the shared tolerance is kept for uniformity with the other families.
+"""
+import numpy as np
+import pytest
+
+import apsat
+from apsat.backends.reference import evaluate
+from harness import (RTOL, ATOL, check_reaches, check_refuses, check_sound, fired, library, members,
+                     random_tensors, run_rule)
+
+
+def at(name, k):
+    return f"(access (access-tensor {name}) {k})"
+
+
+def tr(x, *perm):
+    return f"(access-transpose {x} (list {' '.join(map(str, perm))}))"
+
+
+A1, A2 = at("a", 1), at("a", 2)
+X4 = at("x", 4)
+NHWC, NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+# a BatchNorm parameter (1, C, 1, 1) broadcast to NCHW (2, 3, 4, 5), all dims iterated
+BC = "(access-broadcast (access (access-tensor m) 4) (access-shape (shape 2 3 4 5) (shape)))"
+SYS_W = "(access (access-transpose (access (access-tensor w) 1) (list 1 0)) 0)"
+SYS_FLAT = "(access (access-transpose (access-flatten (access (access-tensor w) 1)) (list 1 0)) 0)"
+
+# rule name, program text, tensor shapes, a pattern the root e-class must then hold
+REACH = [
+    ("layout/transpose-compose-2", tr(tr(A1, 1, 0), 1, 0), {"a": (3, 4)}, tr(A1, 0, 1)),
+    ("layout/transpose-compose-3", tr(tr(A1, 1, 2, 0), 1, 2, 0), {"a": (2, 3, 4)}, tr(A1, 2, 0, 1)),
+    ("layout/transpose-compose-4", tr(tr(X4, *NHWC), *NCHW), {"x": (2, 3, 4, 5)}, tr(X4, 0, 1, 2, 3)),
+    ("layout/transpose-compose-5", tr(tr(at("a", 2), 4, 0, 3, 1, 2), 1, 3, 0, 4, 2), {"a": (2, 3, 4, 5, 6)},
+     tr(at("a", 2), 0, 1, 4, 2, 3)),
+    ("layout/transpose-identity-2", tr(A1, 0, 1), {"a": (3, 4)}, A1),
+    ("layout/transpose-identity-3", tr(A1, 0, 1, 2), {"a": (2, 3, 4)}, A1),
+    ("layout/transpose-identity-4", tr(X4, 0, 1, 2, 3), {"x": (2, 3, 4, 5)}, X4),
+    ("layout/transpose-identity-5", tr(A1, 0, 1, 2, 3, 4), {"a": (2, 3, 4, 5, 6)}, A1),
+    ("layout/transpose-unary-out", f"(compute relu {tr(X4, *NHWC)})", {"x": (2, 3, 4, 5)},
+     tr(f"(compute relu {X4})", *NHWC)),
+    ("layout/transpose-unary-in", tr(f"(compute sigmoid {X4})", *NHWC), {"x": (2, 3, 4, 5)},
+     f"(compute sigmoid {tr(X4, *NHWC)})"),
+    ("layout/transpose-nary-out",
+     f"(compute elementwise-add (access-pair {tr(A1, 2, 0, 1)} {tr(at('b', 1), 2, 0, 1)}))",
+     {"a": (2, 3, 4), "b": (2, 3, 4)},
+     tr(f"(compute elementwise-add (access-pair {A1} {at('b', 1)}))", 2, 0, 1)),
+    ("layout/transpose-nary-in", tr(f"(compute elementwise-mul (access-pair {X4} {at('y', 4)}))", *NHWC),
+     {"x": (2, 3, 4, 5), "y": (2, 3, 4, 5)},
+     f"(compute elementwise-mul (access-pair {tr(X4, *NHWC)} {tr(at('y', 4), *NHWC)}))"),
+    ("layout/transpose-nary-left-4",
+     f"(compute elementwise-sub (access-pair {tr(X4, *NCHW)} {BC}))", {"x": (2, 4, 5, 3), "m": (1, 3, 1, 1)},
+     tr(f"(compute elementwise-sub (access-pair {X4} {tr(BC, *NHWC)}))", *NCHW)),
+    ("layout/transpose-nary-right-4",
+     f"(compute elementwise-div (access-pair {BC} {tr(X4, *NCHW)}))", {"x": (2, 4, 5, 3), "m": (1, 3, 1, 1)},
+     tr(f"(compute elementwise-div (access-pair {tr(BC, *NHWC)} {X4}))", *NCHW)),
+    ("layout/access-access", f"(access {A1} 2)", {"a": (2, 3, 4)}, at("a", 2)),
+    ("layout/access-noop", at("a", 0), {"a": (2, 3)}, "(access-tensor a)"),
+    ("layout/access-transpose", f"(access {tr('(access-tensor a)', 1, 0)} 1)", {"a": (2, 3)},
+     tr(A1, 1, 0)),
+    ("layout/systolic-weight-tensor", f"(systolic-array 4 5 {at('x', 1)} {SYS_W})", {"x": (3, 4), "w": (5, 4)},
+     "(systolic-array 4 5 ?a (access-transpose (access-tensor w) (list 1 0)))"),
+    ("layout/systolic-weight-flat", f"(systolic-array 12 5 {at('x', 1)} {SYS_FLAT})",
+     {"x": (3, 12), "w": (5, 3, 2, 2)},
+     "(systolic-array 12 5 ?a (access-transpose (access-reshape (access-tensor w)"
+     " (access-shape (shape) (shape 5 12))) (list 1 0)))"),
+]
+
+# rule name, a program where the rule's condition fails, tensor shapes
+REFUSE = [
+    ("layout/transpose-compose-2", tr(tr(A1, 1, 2, 0), 2, 0, 1), {"a": (2, 3, 4)}),   # rank 3
+    ("layout/transpose-compose-3", tr(tr(A1, 1, 0), 1, 0), {"a": (3, 4)}),
+    ("layout/transpose-compose-4", tr(tr(A1, 1, 2, 0), 2, 0, 1), {"a": (2, 3, 4)}),
+    ("layout/transpose-compose-5", tr(tr(X4, *NHWC), *NCHW), {"x": (2, 3, 4, 5)}),
+    ("layout/transpose-identity-2", tr(A1, 1, 0), {"a": (3, 4)}),
+    ("layout/transpose-identity-3", tr(A1, 0, 2, 1), {"a": (2, 3, 4)}),
+    ("layout/transpose-identity-4", tr(X4, *NHWC), {"x": (2, 3, 4, 5)}),
+    ("layout/transpose-identity-5", tr(A1, 0, 1, 2, 4, 3), {"a": (2, 3, 4, 5, 6)}),
+    # softmax over a non-empty item: the permutation would move item axes
+    ("layout/transpose-unary-out", f"(compute softmax {tr(A1, 0, 2, 1)})", {"a": (2, 3, 4)}),
+    ("layout/transpose-unary-in", tr(f"(compute softmax {A1})", 0, 2, 1), {"a": (2, 3, 4)}),
+    # the two operands are transposed differently
+    ("layout/transpose-nary-out",
+     f"(compute elementwise-add (access-pair {tr(A1, 1, 0, 2)} {tr(at('b', 1), 0, 2, 1)}))",
+     {"a": (2, 2, 2), "b": (2, 2, 2)}),
+    # dot-product is no element-wise binary op
+    ("layout/transpose-nary-out",
+     f"(compute dot-product (access-pair {tr(A1, 2, 0, 1)} {tr(at('b', 1), 2, 0, 1)}))",
+     {"a": (2, 3, 4), "b": (2, 3, 4)}),
+    ("layout/transpose-nary-in", tr(f"(compute dot-product (access-pair {A2} {at('b', 2)}))", 1, 0),
+     {"a": (2, 3, 4), "b": (2, 3, 4)}),
+    ("layout/transpose-nary-left-4",                                   # rank 3
+     f"(compute elementwise-add (access-pair {tr(A1, 2, 0, 1)} {at('b', 1)}))", {"a": (2, 3, 4), "b": (4, 2, 3)}),
+    ("layout/transpose-nary-right-4",
+     f"(compute elementwise-add (access-pair {at('b', 1)} {tr(A1, 2, 0, 1)}))", {"a": (2, 3, 4), "b": (4, 2, 3)}),
+    ("layout/transpose-nary-left-4",                                   # not an element-wise binary op
+     f"(compute dot-product (access-pair {tr(X4, *NCHW)} {BC}))", {"x": (2, 4, 5, 3), "m": (1, 3, 1, 1)}),
+    ("layout/access-noop", A1, {"a": (2, 3)}),
+    # weight operand not a (flattened) named tensor
+    ("layout/systolic-weight-tensor",
+     f"(systolic-array 4 5 {at('x', 1)} (access (access-transpose (access (compute relu (access-tensor w)) 1)"
+     " (list 1 0)) 0))", {"x": (3, 4), "w": (5, 4)}),
+    ("layout/systolic-weight-flat",
+     f"(systolic-array 12 5 {at('x', 1)} (access (access-transpose (access-flatten (access (compute relu"
+     " (access-tensor w)) 1)) (list 1 0)) 0))", {"x": (3, 12), "w": (5, 3, 2, 2)}),
+]
+
+# Rules whose left side being well-shaped implies the right side is: no condition to refuse.
+UNCONDITIONAL = {"layout/access-access", "layout/access-transpose"}
+# Rules that union a term with one of its own sub-terms: the root e-class then has one
+# acyclic member (the sub-term), which check_sound cannot sample as a second member.
+COLLAPSING = {f"layout/transpose-identity-{n}" for n in range(2, 6)} | {"layout/access-noop"}
+
+
+def test_tables_cover_every_layout_rule():
+    rules = {name for name in library().rules if name.startswith("layout/")}
+    assert rules == {r[0] for r in REACH}
+    assert rules == {r[0] for r in REFUSE} | UNCONDITIONAL
+
+
+@pytest.mark.parametrize("rule, text, shapes, pattern", REACH, ids=[r[0] for r in REACH])
+def test_sound(rule, text, shapes, pattern):
+    if rule not in COLLAPSING:
+        check_sound(rule, text, shapes)
+        return
+    eg, root, report = run_rule(rule, text, shapes)
+    assert fired(report, rule)
+    tensors = random_tensors(shapes)
+    want = evaluate(apsat.parse(text, shapes), tensors)
+    progs = members(eg, root)
+    assert [p.to_text() for p in progs] == [pattern]     # the sub-term it collapsed to
+    np.testing.assert_array_equal(evaluate(progs[0], tensors), want)
+
+
+@pytest.mark.parametrize("rule, text, shapes, pattern", REACH, ids=[r[0] for r in REACH])
+def test_reaches(rule, text, shapes, pattern):
+    check_reaches(rule, text, shapes, pattern)
+
+
+@pytest.mark.parametrize("rule, text, shapes", REFUSE, ids=[r[0] for r in REFUSE])
+def test_refuses(rule, text, shapes):
+    check_refuses(rule, text, shapes)
+
+
+# ---- the whole family --------------------------------------------------------------------------
+
+def _saturate(text, shapes, **limits):
+    eg = apsat.EGraph()
+    root = eg.add(apsat.parse(text, shapes))
+    library().load_into(eg, ["layout"])
+    report = eg.run(["layout"], **limits)
+    return eg, root, report
+
+
+def _all_members_equal(eg, root, text, shapes):
+    tensors = random_tensors(shapes, seed=3)
+    want = evaluate(apsat.parse(text, shapes), tensors)
+    progs = members(eg, root, 20)
+    for prog in progs:
+        np.testing.assert_allclose(evaluate(prog, tensors), want, rtol=RTOL, atol=ATOL)
+    return progs
+
+
+def test_nhwc_region_cancels():
+    """NCHW -> NHWC, relu, a residual add with another NHWC tensor, sigmoid, back to NCHW:
+    the transposes move to the region's boundary and cancel, leaving the NCHW region."""
+    shapes = {"x": (2, 3, 4, 5), "y": (2, 3, 4, 5)}
+    nhwc = f"(compute relu {tr(X4, *NHWC)})"
+    add = f"(compute elementwise-add (access-pair {nhwc} {tr(at('y', 4), *NHWC)}))"
+    text = tr(f"(compute sigmoid {add})", *NCHW)
+    eg, root, report = _saturate(text, shapes)
+    assert report["stop_reason"] == "saturated"
+    assert eg.matches(f"(compute sigmoid (compute elementwise-add (access-pair (compute relu {X4}) {at('y', 4)})))",
+                      root)
+    best = apsat.extract(eg, root)
+    assert "access-transpose" not in best.to_text()
+    _all_members_equal(eg, root, text, shapes)
+
+
+def test_systolic_weight_prelayout_through_general_rules():
+    """A matmul's weight operand (access (transpose (access w 1) (1 0)) 0) also becomes the
+    pre-transposed tensor through the general access rules."""
+    text = f"(systolic-array 4 5 {at('x', 1)} {SYS_W})"
+    shapes = {"x": (3, 4), "w": (5, 4)}
+    eg, root, report = _saturate(text, shapes)
+    assert eg.matches("(systolic-array 4 5 ?a (access-transpose (access-tensor w) (list 1 0)))", root)
+    weight = eg.add(apsat.parse(SYS_W, shapes))
+    assert eg.matches("(access-transpose (access-tensor w) (list 1 0))", weight)
+    _all_members_equal(eg, root, text, shapes)
