@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import math
 import time
 from pathlib import Path
 
@@ -264,6 +265,12 @@ class EGraph:
                 stop = "node_limit"
                 break
             k = max(1, min(burst, iter_limit - iterations))
+            # A rule matching more often than the room left under the node limit is
+            # banned for the iteration (back-off), so one iteration cannot blow far past it
+            # (several rules can each use the room, so a small overshoot remains possible).
+            room = max(1, (node_limit - nodes) // 8)  # a match adds a few nodes
+            scheduler = (f"(let-scheduler bo (back-off :match-limit {int(min(match_limit, room))} "
+                         f":ban-length {int(ban_length)}))")
             t0 = time.perf_counter()
             out = self._run(f"(run-schedule {scheduler} (repeat {k} {step}))", f"running {' '.join(names)}")
             dt = time.perf_counter() - t0
@@ -283,7 +290,12 @@ class EGraph:
             left = time_limit - (time.perf_counter() - start)
             burst = min(burst, max(1, int(left / max(dt / k, 1e-6) / 2)))
             if grown > 0:
-                burst = min(burst, max(1, int((node_limit - nodes) / (grown / k) / 2)))
+                # Exploratory rules grow geometrically: size the burst by the measured
+                # per-iteration growth factor so at most the last iteration overshoots.
+                factor = (nodes / max(nodes - grown, 1)) ** (1.0 / k)
+                room = node_limit / max(nodes, 1)
+                fits = int(math.log(room) / math.log(factor)) if factor > 1.0 and room > 1.0 else 1
+                burst = min(burst, max(1, fits))
         return {"rulesets": names, "iterations": iterations, "bursts": bursts, "stop_reason": stop,
                 "nodes_before": nodes_before, "nodes_after": nodes,
                 "seconds": round(time.perf_counter() - start, 4), "rule_matches": matches}

@@ -30,7 +30,7 @@ class Phase:
 PLANS: dict[str, tuple[Phase, ...]] = {
     "gpu": (Phase("layout", ("layout",)), Phase("algebra", ("algebra",), iter_limit=8),
             Phase("fusion", ("fusion",))),
-    "systolic": (Phase("layout", ("layout",)), Phase("im2col", ("im2col",), iter_limit=10),
+    "systolic": (Phase("layout", ("layout",)), Phase("im2col", ("im2col",), iter_limit=16),
                  Phase("systolic", ("systolic",))),
 }
 
