@@ -46,13 +46,15 @@ class OptimizeResult:
 
 def optimize(model, target: str = "gpu", rules=None, extractor: str = "tree",
              verify: bool = True, seed: int = 0, iter_limit: int = 30,
-             node_limit: int = 100_000, time_limit: float = 10.0, progress=None) -> OptimizeResult:
+             node_limit: int = 100_000, time_limit: float = 10.0, progress=None,
+             regions: bool = False) -> OptimizeResult:
     """Optimise an ONNX model (a path, a ModelProto or a loaded Model) for `target`.
 
     rules: ruleset names or rule-file paths to saturate with as one phase; None runs the
         target's default phase plan; False saturates nothing (import and extract only).
     verify: compare the extracted program with onnxruntime on seeded random inputs.
     progress: optional callable(phase_name) told when each phase starts.
+    regions: saturate region by region, identical regions once (apsat.rules.regions).
     """
     from apsat.egraph.egraph import EGraph
     from apsat.egraph.importer import load_onnx
@@ -75,7 +77,8 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "tree",
     t = time.perf_counter()
     tell("saturate")
     saturation = eg.saturate(rules if rules else None, iter_limit=iter_limit, node_limit=node_limit,
-                             time_limit=time_limit) if rules is not False else {"phases": [], "skipped": []}
+                             time_limit=time_limit, regions=m.program if regions else None) \
+        if rules is not False else {"phases": [], "skipped": []}
     nodes, classes = eg.size()
     seconds["saturate"] = time.perf_counter() - t
 

@@ -36,7 +36,7 @@ def _optimize_one(source, name: str, args, progress, task, randomize=False) -> d
 
             source = randomize_weights(onnx.load(str(source)), seed=args.seed)
         res = optimize(source, target=args.target, rules=args.rules or None,
-                       extractor=args.extractor, verify=args.verify,
+                       extractor=args.extractor, verify=args.verify, regions=args.regions,
                        progress=lambda phase: progress.update(task, description=f"{name}: {phase}"))
         res.report["model"] = name
         res.write(out_dir)
@@ -109,7 +109,7 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_extract(args) -> int:
-    from apsat.extract import EXTRACTORS
+    from apsat.extract import run_extractor
     from apsat.extract.check import check_extraction, dag_cost
     from apsat.extract.graph import ExtractionGraph
 
@@ -121,13 +121,19 @@ def cmd_extract(args) -> int:
     except (ValueError, KeyError, TypeError) as exc:
         raise ApsatError(f"{path}: not an extraction-gym e-graph ({exc.__class__.__name__}: {exc})") from None
     start = time.perf_counter()
-    choice = EXTRACTORS[args.method](graph, graph.roots, None)
+    choice = run_extractor(args.method, graph, graph.roots, None, args.time_limit)
     seconds = time.perf_counter() - start
     check_extraction(graph, choice, graph.roots)
+    # optimal/gap come from extractors that prove them (ilp); the others claim nothing.
     result = {"method": args.method, "dag_cost": dag_cost(graph, choice, graph.roots),
-              "seconds": seconds, "optimal": False, "gap": None}
+              "seconds": seconds, "optimal": bool(getattr(choice, "optimal", False)),
+              "gap": getattr(choice, "gap", None)}
+    extra = ""
+    if hasattr(choice, "optimal"):
+        extra = ", proven optimal" if result["optimal"] else (
+            f", gap {result['gap']:.2%}" if result["gap"] is not None else ", no bound")
     print(json.dumps(result) if args.json else
-          f"{args.method}: DAG cost {result['dag_cost']:.6g} in {seconds:.3f} s")
+          f"{args.method}: DAG cost {result['dag_cost']:.6g} in {seconds:.3f} s{extra}")
     return 0
 
 
@@ -174,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--rules", nargs="*", default=[], help="ruleset names or rule files/directories")
         p.add_argument("--extractor", default="tree", choices=sorted(EXTRACTORS))
         p.add_argument("--seed", type=int, default=0, help="seed for random inputs/weights")
+        p.add_argument("--regions", action="store_true",
+                       help="saturate region by region, identical regions once")
 
     p = sub.add_parser("optimize", help="optimise one ONNX model")
     p.add_argument("model")
@@ -191,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("egraph")
     p.add_argument("--method", default="tree", choices=sorted(EXTRACTORS))
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--time-limit", type=float, default=10.0, metavar="S",
+                   help="seconds for extractors that search (ilp; default 10)")
     p.set_defaults(func=cmd_extract)
     p = sub.add_parser("rules", help="list rulesets and rules, or check rule files")
     p.add_argument("action", choices=["list", "check"])

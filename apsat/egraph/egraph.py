@@ -207,6 +207,21 @@ class EGraph:
         self.outputs.update(handles)
         return handles
 
+    def add_statements(self, build) -> None:
+        """Low-level loading for template instantiation (apsat.rules.regions): `build`
+        is called with `fresh()` (returns a new handle string) and returns egglog
+        statements (`(set HANDLE NODE)`, `(union HANDLE NODE)`) over existing handles.
+        Runs them in small batches, then saturates and checks shapes."""
+        def fresh() -> str:
+            number, self._next = self._next, self._next + 1
+            return f"(handle {number})"
+
+        statements = build(fresh)
+        with egglog_io.captured_stderr():
+            for start in range(0, len(statements), 16):
+                self._run("\n".join(statements[start:start + 16]), "instantiating a region")
+        self._saturate_shapes()
+
     @staticmethod
     def _as_program(program, shapes) -> Program:
         if isinstance(program, Program):
@@ -301,14 +316,15 @@ class EGraph:
                 "seconds": round(time.perf_counter() - start, 4), "rule_matches": matches}
 
     def saturate(self, rules=None, iter_limit: int = 30, node_limit: int = 100_000,
-                 time_limit: float = 10.0, progress=None) -> dict:
+                 time_limit: float = 10.0, progress=None, regions=None) -> dict:
         """Saturate with `rules` (ruleset names or rule-file paths, one phase under these
         limits) or, without rules, the target's default phase plan; returns the
-        saturation report (see apsat.rules.saturate)."""
+        saturation report (see apsat.rules.saturate). `regions`: a Program added
+        earlier, to saturate region by region with reuse (apsat.rules.regions)."""
         from apsat.rules.saturate import saturate
 
         return saturate(self, rules, iter_limit=iter_limit, node_limit=node_limit,
-                        time_limit=time_limit, progress=progress)
+                        time_limit=time_limit, progress=progress, regions=regions)
 
     def _saturate_shapes(self, time_limit: float = 120.0) -> None:
         """Run `shapes` to a fixpoint in bursts of 64 iterations (idle ones cost ~40 us),

@@ -3,27 +3,44 @@
 `extract(eg, root, method=..., cost=...)` serialises the e-graph (extraction-gym JSON),
 runs an extractor over it, checks the choice is a program (one node per used class, all
 children chosen, acyclic) and decodes it into a Program. Extractors are functions
-`(graph, roots, node_cost) -> {class id: node id}` registered in EXTRACTORS; better ones
-(greedy-DAG, ILP) plug in here with the same signature.
+`(graph, roots, node_cost) -> {class id: node id}` registered in EXTRACTORS: "tree" (tree
+cost, the baseline), "greedy-dag" (DAG cost, fast heuristic) and "ilp" (exact DAG cost with
+HiGHS under a time limit). An extractor that takes a `time_limit` keyword gets one when
+the caller gives one; one that returns an ExtractionResult (a dict with `.optimal`,
+`.gap`) has those figures copied into the report.
 """
 from __future__ import annotations
 
+import inspect
 import time
 
 from apsat.egraph.program import Program
 from apsat.extract.check import check_extraction, dag_cost
 from apsat.extract.cost import cost_model
 from apsat.extract.decode import decode, language_graph
+from apsat.extract.greedy_dag import extract_greedy_dag
+from apsat.extract.ilp import ExtractionResult, extract_ilp
 from apsat.extract.tree import extract_tree
 
-EXTRACTORS = {"tree": extract_tree}
+EXTRACTORS = {"tree": extract_tree, "greedy-dag": extract_greedy_dag, "ilp": extract_ilp}
 
 
-def extract(eg, root, method: str = "tree", cost="nodes") -> Program:
+def run_extractor(method: str, graph, roots, node_cost=None, time_limit: float | None = None):
+    """Run EXTRACTORS[method]; `time_limit` (seconds) reaches extractors that take one and
+    is ignored by the others. Returns the extractor's choice (a dict; for "ilp" an
+    ExtractionResult with `.optimal`, `.gap`, `.bound`, `.stats`)."""
+    fn = EXTRACTORS[method]
+    if time_limit is not None and "time_limit" in inspect.signature(fn).parameters:
+        return fn(graph, roots, node_cost, time_limit=time_limit)
+    return fn(graph, roots, node_cost)
+
+
+def extract(eg, root, method: str = "tree", cost="nodes", time_limit: float | None = None) -> Program:
     """The best program for `root` (a handle from `eg.add`, or a dict output name ->
     handle) under `method` and the cost model `cost` (a name or a cost-model object).
     The Program carries `.cost` (its DAG cost: shared classes paid once) and
-    `.extraction` (method, cost model, seconds, tree-vs-DAG figures)."""
+    `.extraction` (method, cost model, seconds, tree-vs-DAG figures; with "ilp" also
+    `optimal` and `gap`). `time_limit` (seconds) bounds extractors that take one (ilp)."""
     if method not in EXTRACTORS:
         raise ValueError(f"unknown extraction method {method!r}; known: {', '.join(EXTRACTORS)}")
     outputs = root if isinstance(root, dict) else {"out": root}
@@ -31,7 +48,7 @@ def extract(eg, root, method: str = "tree", cost="nodes") -> Program:
     graph = language_graph(eg.serialize())
     roots = [eg.class_of(h) for h in outputs.values()]
     node_cost = cost_model(cost).node_cost(graph)
-    choice = EXTRACTORS[method](graph, roots, node_cost)
+    choice = run_extractor(method, graph, roots, node_cost, time_limit)
     missing = [r for r in roots if r not in choice]
     if missing:
         raise ValueError(f"extract: no finite-cost program for e-class {missing[0]}")
@@ -44,4 +61,6 @@ def extract(eg, root, method: str = "tree", cost="nodes") -> Program:
     program.extraction = {"method": method, "cost_model": cost_model(cost).name,
                           "seconds": seconds, "classes_used": len(used),
                           "egraph_nodes": len(graph.nodes)}
+    if isinstance(choice, ExtractionResult):
+        program.extraction.update(optimal=choice.optimal, gap=choice.gap)
     return program

@@ -42,7 +42,8 @@ def default_plan(target) -> tuple[Phase, ...]:
 
 
 def saturate(eg, rules=None, library: RuleLibrary | None = None, iter_limit: int = 30,
-             node_limit: int = 100_000, time_limit: float = 10.0, progress=None) -> dict:
+             node_limit: int = 100_000, time_limit: float = 10.0, progress=None,
+             regions=None) -> dict:
     """Saturate `eg` (an apsat EGraph) and return the report.
 
     rules: ruleset names or rule-file paths run as one phase under the given limits;
@@ -50,9 +51,14 @@ def saturate(eg, rules=None, library: RuleLibrary | None = None, iter_limit: int
     listed as skipped, with the reason). progress: optional callable(phase name).
     Report: {"phases": [{"phase", "rulesets", "iterations", "stop_reason", "nodes",
     "classes", "seconds", "rule_matches"} ...], "skipped": [...], "seconds", "nodes",
-    "classes"}."""
+    "classes"}.
+    regions: a Program already added to `eg`: saturate it region by region, each distinct
+    region once (apsat.rules.regions); the report then has "regions" (counts, reuse rate)
+    and "phases" summed over the distinct regions."""
     library = library or getattr(eg, "library", None) or RuleLibrary()
     eg.library = library
+    if regions is not None:
+        return _saturate_by_regions(eg, regions, rules, library, iter_limit, node_limit, time_limit, progress)
     if rules is None:
         plan = default_plan(eg.target)
     else:
@@ -77,3 +83,17 @@ def saturate(eg, rules=None, library: RuleLibrary | None = None, iter_limit: int
     nodes, classes = eg.size()
     return {"phases": phases, "skipped": skipped, "seconds": round(time.perf_counter() - start, 4),
             "nodes": nodes, "classes": classes}
+
+
+def _saturate_by_regions(eg, program, rules, library, iter_limit, node_limit, time_limit, progress) -> dict:
+    from apsat.rules.regions import saturate_regions
+
+    start = time.perf_counter()
+    if progress:
+        progress("regions")
+    stats = saturate_regions(eg, program, lambda teg: saturate(
+        teg, rules, library, iter_limit, node_limit, time_limit))
+    rep = stats.pop("template_report")
+    nodes, classes = eg.size()
+    return {"phases": rep["phases"], "skipped": rep["skipped"], "regions": stats,
+            "seconds": round(time.perf_counter() - start, 4), "nodes": nodes, "classes": classes}
