@@ -44,7 +44,7 @@ class OptimizeResult:
         return path
 
 
-def optimize(model, target: str = "gpu", rules=None, extractor: str = "tree",
+def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-dag",
              verify: bool = True, seed: int = 0, iter_limit: int = 30,
              node_limit: int = 100_000, time_limit: float = 10.0, progress=None,
              regions: bool = False) -> OptimizeResult:

@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--target", default="gpu", help="gpu | systolic | systolic:RxC (default gpu)")
         p.add_argument("--out", default="apsat-out", help="output directory (default apsat-out/)")
         p.add_argument("--rules", nargs="*", default=[], help="ruleset names or rule files/directories")
-        p.add_argument("--extractor", default="tree", choices=sorted(EXTRACTORS))
+        p.add_argument("--extractor", default="greedy-dag", choices=sorted(EXTRACTORS))
         p.add_argument("--seed", type=int, default=0, help="seed for random inputs/weights")
         p.add_argument("--regions", action="store_true",
                        help="saturate region by region, identical regions once")
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("extract", help="extract from an extraction-gym JSON e-graph")
     p.add_argument("egraph")
-    p.add_argument("--method", default="tree", choices=sorted(EXTRACTORS))
+    p.add_argument("--method", default="greedy-dag", choices=sorted(EXTRACTORS))
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--time-limit", type=float, default=10.0, metavar="S",
                    help="seconds for extractors that search (ilp; default 10)")
