@@ -107,3 +107,26 @@ def check_refuses(rule_name: str, text: str, shapes: dict, target: str = "gpu", 
     eg, root, report = run_rule(rule_name, text, shapes, target, **limits)
     assert not fired(report, rule_name), f"{rule_name} fired where its condition fails: {text}"
     assert report["nodes_after"] == report["nodes_before"]
+
+
+def check_collapses(rule_name: str, text: str, shapes: dict, pattern: str, **limits):
+    """For a rule that unions a term with one of its own sub-terms (the root e-class then
+    has a single acyclic member, which check_sound cannot sample): the rule fires, that
+    member is `pattern`, and it evaluates exactly equal to the original (pure data
+    movement, no arithmetic)."""
+    eg, root, report = run_rule(rule_name, text, shapes, **limits)
+    assert fired(report, rule_name), f"{rule_name} did not fire on {text}"
+    tensors = random_tensors(shapes)
+    want = evaluate(apsat.parse(text, shapes), tensors)
+    progs = members(eg, root)
+    assert [p.to_text() for p in progs] == [pattern]
+    np.testing.assert_array_equal(evaluate(progs[0], tensors), want)
+
+
+def saturate_family(family: str, text: str, shapes: dict, **limits):
+    """A fresh e-graph holding `text`, saturated with one whole built-in family.
+    Returns (eg, root handle, run report)."""
+    eg = EGraph()
+    root = eg.add(apsat.parse(text, shapes))
+    library().load_into(eg, [family])
+    return eg, root, eg.run([family], **limits)
