@@ -147,8 +147,8 @@ def cmd_rules(args) -> int:
             raise ApsatError("rules check: give one or more rule files or directories")
         lib = RuleLibrary(args.paths)
         names = lib.resolve(args.paths)
-        count = sum(1 for n in names for r in lib.rulesets[n] if str(r.path) in
-                    {str(p) for p in _rule_paths(args.paths)})
+        checked = set(_rule_paths(args.paths))
+        count = sum(len(rf.rules) for rf in lib.files if rf.path in checked)
         print(f"ok: {count} rules in ruleset(s) {', '.join(names) or '-'}")
         return 0
     lib = RuleLibrary(args.paths)

@@ -38,6 +38,10 @@ def _axes(node, inputs, opset: int, since: int):
     return None if len(inputs) < 2 or inputs[1] is None else [int(a) for a in inputs[1].reshape(-1)]
 
 
+class _UseOnnxruntime(Exception):
+    """Raised by a numpy folder for a case it does not cover: onnxruntime folds it."""
+
+
 def _constant(node, inputs, opset):
     attrs = _attrs(node)
     for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
@@ -47,7 +51,7 @@ def _constant(node, inputs, opset):
                 return [numpy_helper.to_array(v)]
             dtype = np.float32 if "float" in key else np.int64
             return [np.asarray(v, dtype=dtype)]
-    raise NotImplementedError      # sparse or string constants: onnxruntime
+    raise _UseOnnxruntime          # sparse or string constants
 
 
 def _constant_of_shape(node, inputs, opset):
@@ -157,15 +161,17 @@ def fold(node, inputs: list, opsets: dict[str, int], out_types: list[int]) -> li
     cast to them. Raises FoldError."""
     opset = opsets.get(node.domain or "", opsets.get("", 1))
     folder = FOLDERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-    try:
-        if folder is None:
-            raise NotImplementedError
-        outs = folder(node, inputs, opset)
-    except NotImplementedError:
+    outs = None
+    if folder is not None:
+        try:
+            outs = folder(node, inputs, opset)
+        except _UseOnnxruntime:
+            pass
+        except Exception as e:        # numpy's own complaint, on one line
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise FoldError(f"cannot fold at import: {why}") from None
+    if outs is None:                  # no numpy folder for this case: onnxruntime folds it
         outs = _fold_with_ort(node, inputs, opsets, out_types)
-    except Exception as e:        # numpy's own complaint, on one line
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise FoldError(f"cannot fold at import: {why}") from None
     result = []
     for arr, t in zip(outs, out_types):
         arr = np.asarray(arr)

@@ -27,27 +27,35 @@ def reachable(graph: ExtractionGraph, choice: dict[str, str], roots) -> list[str
     return order
 
 
-def check_acyclic(graph: ExtractionGraph, choice: dict[str, str], roots) -> None:
-    """Raise InvalidExtraction when the chosen nodes form a cycle (iterative DFS, colours)."""
-    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+def find_back_edge(graph: ExtractionGraph, choice: dict[str, str], roots) -> str | None:
+    """The class that closes a cycle when following `choice` from `roots`, or None when
+    the chosen nodes are acyclic (iterative DFS with colours; classes without a choice
+    are not followed)."""
+    state: dict[str, int] = {}  # 1 = on the DFS stack, 2 = finished
     for root in roots:
-        if state.get(root) == 2:
+        if root not in choice or state.get(root) == 2:
             continue
-        stack = [(root, iter(graph.node_classes[choice[root]]))]
         state[root] = 1
+        stack = [(root, iter(graph.node_classes[choice[root]]))]
         while stack:
-            c, kids = stack[-1]
-            nxt = next(kids, None)
-            if nxt is None:
+            c, it = stack[-1]
+            k = next(it, None)
+            if k is None:
                 state[c] = 2
                 stack.pop()
-                continue
-            s = state.get(nxt)
-            if s == 1:
-                raise InvalidExtraction(f"the chosen program has a cycle through class {nxt}")
-            if s is None:
-                state[nxt] = 1
-                stack.append((nxt, iter(graph.node_classes[choice[nxt]])))
+            elif state.get(k) == 1:
+                return k
+            elif k not in state and k in choice:
+                state[k] = 1
+                stack.append((k, iter(graph.node_classes[choice[k]])))
+    return None
+
+
+def check_acyclic(graph: ExtractionGraph, choice: dict[str, str], roots) -> None:
+    """Raise InvalidExtraction when the chosen nodes form a cycle."""
+    closing = find_back_edge(graph, choice, roots)
+    if closing is not None:
+        raise InvalidExtraction(f"the chosen program has a cycle through class {closing}")
 
 
 def dag_cost(graph: ExtractionGraph, choice: dict[str, str], roots, node_cost=None) -> float:

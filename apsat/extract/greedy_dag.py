@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from apsat.extract.check import dag_cost
+from apsat.extract.check import dag_cost, find_back_edge
 from apsat.extract.graph import ExtractionGraph
 from apsat.extract.tree import extract_tree
 
@@ -142,7 +142,7 @@ def _reach(graph, choice, roots):
 
 def _program_cost(graph, choice, roots, own) -> float | None:
     """DAG cost of following `choice` from `roots`, or None if that meets a cycle."""
-    if _find_back_edge(graph, choice, roots) is not None:
+    if find_back_edge(graph, choice, roots) is not None:
         return None
     return sum(own[choice[c]] for c in _reach(graph, choice, roots))
 
@@ -156,7 +156,7 @@ def _break_cycles(graph: ExtractionGraph, choice: dict[str, str], roots, node_co
     tree = None
     fixed: set[str] = set()
     while True:
-        back = _find_back_edge(graph, choice, roots)
+        back = find_back_edge(graph, choice, roots)
         if back is None:
             return choice
         if tree is None:
@@ -169,25 +169,3 @@ def _break_cycles(graph: ExtractionGraph, choice: dict[str, str], roots, node_co
             fixed.add(c)
             choice[c] = tree[c]
             stack.extend(graph.node_classes[tree[c]])
-
-
-def _find_back_edge(graph: ExtractionGraph, choice: dict[str, str], roots) -> str | None:
-    """The class that closes a cycle when following `choice` from `roots`, or None."""
-    state: dict[str, int] = {}  # 1 = on the DFS stack, 2 = finished
-    for root in roots:
-        if root not in choice or state.get(root) == 2:
-            continue
-        state[root] = 1
-        stack = [(root, iter(graph.node_classes[choice[root]]))]
-        while stack:
-            c, it = stack[-1]
-            k = next(it, None)
-            if k is None:
-                state[c] = 2
-                stack.pop()
-            elif state.get(k) == 1:
-                return k
-            elif k not in state and k in choice:
-                state[k] = 1
-                stack.append((k, iter(graph.node_classes[choice[k]])))
-    return None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from apsat.egraph.ops import EGG_NAMES, OPS
 from apsat.egraph.program import Program
 from apsat.egraph.syntax import to_text
-from apsat.egraph.term import Term, postorder
+from apsat.egraph.term import Term
 
 PLACEHOLDER = "__region{}_in{}"  # region index, input index
 
@@ -168,12 +168,9 @@ def instantiate(eg, data: dict, bindings: dict[str, str], tensors: dict[str, str
     eg.add_statements(build)
 
 
-def _reachable(data: dict, root_cls: str) -> set[str]:
-    """Classes reachable from `root_cls` through node children."""
+def _reachable(data: dict, root_cls: str, members: dict[str, list[str]]) -> set[str]:
+    """Classes reachable from `root_cls` through node children (`members`: class -> node ids)."""
     nodes = data["nodes"]
-    members: dict[str, list[str]] = {}
-    for nid, n in nodes.items():
-        members.setdefault(n["eclass"], []).append(nid)
     seen, stack = set(), [root_cls]
     while stack:
         c = stack.pop()
@@ -220,7 +217,7 @@ def saturate_regions(eg, program: Program, run_plan) -> dict:
         for i in range(len(reg.inputs)):
             access = _placeholder_term(tprog, j, i)
             holes.append((teg.class_of(teg.handle_of(access)), teg.class_of(teg.handle_of(access.args[0]))))
-        templates[key] = (root_cls, holes, sorted(_reachable(data, root_cls)))
+        templates[key] = (root_cls, holes, sorted(_reachable(data, root_cls, data["_renderer"].members)))
     for region in regions:
         root_cls, holes, classes = templates[region.key]
         bindings = {root_cls: eg.handle_of(region.root)}

@@ -12,7 +12,6 @@ terms and is off by ~5e-5 absolute, a few float32 ulps of the vector's scale.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import onnx

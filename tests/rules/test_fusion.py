@@ -3,7 +3,6 @@ small programs written the way the importer writes them, then the acceptance che
 whole models: light ResNet-50 (Conv -> BatchNorm -> Relu becomes fused kernels with the
 BatchNorm folded into the weights, verified against onnxruntime), the GELU MLP and a small
 convnet with conv biases."""
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -14,10 +13,9 @@ from apsat import zoo
 from apsat.backends.reference import evaluate
 from apsat.egraph.egraph import EGraph
 from apsat.egraph.ops import OPS
-from apsat.egraph.term import postorder
 from apsat.rules.library import RuleLibrary
 from apsat.verify import verify_program
-from harness import check_reaches, check_refuses, check_sound, random_tensors, run_rule
+from harness import check_reaches, check_refuses, check_sound
 
 import models
 
