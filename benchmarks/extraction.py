@@ -4,7 +4,7 @@ verdict (proven optimal / gap to its lower bound) and the known optimum from REF
 with each extractor's gap to it. Every result is checked with check_extraction. A cost
 below a known optimum is flagged "BELOW OPTIMUM" (that would be a bug).
 
-Usage: python benchmarks/extract.py [--time-limit S] [--acyclic order|cuts] [SUBSTRING ...]
+Usage: python benchmarks/extraction.py [--time-limit S] [--acyclic order|cuts] [SUBSTRING ...]
 """
 from __future__ import annotations
 
