@@ -72,6 +72,9 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
     eg = EGraph(target=target)
     handles = eg.add_outputs(m.program)
     nodes_loaded, classes_loaded = eg.size()
+    # Before any rule runs every e-class holds one node, so this "extraction" is the
+    # imported program itself, priced by the same cost model as the result.
+    cost_before = extract(eg, handles).cost
     seconds["egraph"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -96,7 +99,9 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
         "egraph": {"nodes_loaded": nodes_loaded, "classes_loaded": classes_loaded,
                    "nodes": nodes, "classes": classes},
         "saturation": saturation,
-        "extraction": {**(program.extraction or {}), "dag_cost": program.cost},
+        "extraction": {**(program.extraction or {}), "dag_cost": program.cost,
+                       "dag_cost_before": cost_before,
+                       "modelled_speedup": cost_before / program.cost if program.cost else None},
         "opaque_calls": sorted(program.opaque_nodes),
         "seconds": seconds,
     }

@@ -45,20 +45,27 @@ def _optimize_one(source, name: str, args, progress, task, randomize=False) -> d
         return {"model": name, "error": str(exc)}
 
 
+def _speedup(report: dict) -> str:
+    """The modelled speed-up (cost before / after, on the target's cost model), as text."""
+    value = report["extraction"].get("modelled_speedup")
+    return "" if value is None else f"{value:.2f}x"
+
+
 def _summary_table(reports: list[dict]):
     from rich.table import Table
 
     table = Table(title="apsat summary")
-    for col in ("model", "onnx ops", "program nodes", "e-graph nodes", "seconds", "verify", "max err"):
+    for col in ("model", "onnx ops", "program nodes", "e-graph nodes", "modelled speed-up", "seconds",
+                "verify", "max err"):
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in reports:
         if "error" in r:
-            table.add_row(r["model"], "", "", "", "", "[red]error[/red]", "")
+            table.add_row(r["model"], "", "", "", "", "", "[red]error[/red]", "")
             continue
         v = r.get("verification")
         status = "-" if v is None else ("[green]ok[/green]" if v["ok"] else "[red]FAIL[/red]")
         table.add_row(r["model"], str(sum(r["ops_before"].values())), str(sum(r["ops_after"].values())),
-                      str(r["egraph"]["nodes"]), f"{sum(r['seconds'].values()):.1f}", status,
+                      str(r["egraph"]["nodes"]), _speedup(r), f"{sum(r['seconds'].values()):.1f}", status,
                       "" if v is None else f"{v['max_abs_err']:.1e}")
     return table
 
@@ -175,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p):
-        p.add_argument("--target", default="gpu", help="gpu | systolic | systolic:RxC (default gpu)")
+        p.add_argument("--target", default="gpu", help="gpu | systolic | systolic:RxC | ACCELERATOR.toml (default gpu)")
         p.add_argument("--out", default="apsat-out", help="output directory (default apsat-out/)")
         p.add_argument("--rules", nargs="*", default=[], help="ruleset names or rule files/directories")
         p.add_argument("--extractor", default="greedy-dag", choices=sorted(EXTRACTORS))

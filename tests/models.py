@@ -150,3 +150,20 @@ def small_convnet(seed=0, opset=17) -> onnx.ModelProto:
         helper.make_node("Gemm", ["flat", "fw", "fb"], ["y"], transB=1),
     ]
     return make_model(nodes, {"x": (1, 3, 16, 16)}, ["y"], w, opset=opset)
+
+
+def shared_branch_convnet(channels=64, size=32, seed=0, opset=17) -> onnx.ModelProto:
+    """The shared-branch trap: y = conv1(x); out = y + conv2(relu6(y)). Fusing relu6 into
+    conv1 helps the second branch only if conv1 is not then computed twice."""
+    rng = np.random.default_rng(seed)
+    c = channels
+    w = {"w1": _w(rng, c, c, 3, 3, scale=1 / np.sqrt(9 * c)), "b1": 0.1 * _w(rng, c, scale=1.0),
+         "w2": _w(rng, c, c, 3, 3, scale=1 / np.sqrt(9 * c)), "b2": 0.1 * _w(rng, c, scale=1.0),
+         "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["y", "lo", "hi"], ["r"]),
+        helper.make_node("Conv", ["r", "w2", "b2"], ["z"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["y", "z"], ["out"]),
+    ]
+    return make_model(nodes, {"x": (1, c, size, size)}, ["out"], w, opset=opset)

@@ -70,14 +70,48 @@ def test_importer_entries_exist():
                 assert onnx_op in LOWERINGS, f"{spec.name} names ONNX {onnx_op}, which has no lowering"
 
 
-def test_every_cost_model_prices_every_op():
-    from apsat.extract.cost import COST_MODELS
-    from apsat.extract.graph import ExtractionGraph
+def _priced_examples():
+    """An e-graph holding one program per op and per compute operator, serialised with its
+    class shapes, as cost models see it."""
+    from test_syntax import EXAMPLES, SHAPES
 
-    nodes = {f"n{i}": {"op": op, "children": [], "eclass": f"c{i}", "cost": 1} for i, op in enumerate(OPS)}
-    graph = ExtractionGraph.from_json({"nodes": nodes, "root_eclasses": [], "class_data": {}})
-    for name, model in COST_MODELS.items():
-        cost = model().node_cost(graph)
-        for nid, node in nodes.items():
-            value = cost(nid)
-            assert value >= 0 and value == value, f"cost model {name} has no cost for {node['op']}"
+    from apsat.egraph.egraph import EGraph
+    from apsat.egraph.syntax import parse_term
+    from apsat.extract.decode import language_graph
+    from apsat.extract.shapes import class_shapes
+
+    eg = EGraph()
+    for text in EXAMPLES:
+        eg.add(parse_term(text), SHAPES)
+    for op, spec in COMPUTE_OPS.items():
+        params = " ".join("3" if k == "int" else "0.5" for k in spec.params)
+        head = f"({op} {params})" if params else op
+        n = {"elementwise-sub": 2, "elementwise-div": 2, "elementwise-pow": 2, "select": 3}.get(op, 2)
+        eg.add(parse_term(f"(compute {head} (access (access-tensor a{n}) 1))"), {f"a{n}": (5, n, 4)})
+    graph = language_graph(eg.serialize())
+    graph.shapes = class_shapes(graph, eg.tensor_shapes)
+    return graph
+
+
+def test_every_op_has_one_workload_class_and_every_operator_an_arithmetic_figure():
+    from apsat.extract.workload import check_classified
+
+    check_classified()
+
+
+@pytest.mark.parametrize("model", ["nodes", "gpu", "systolic"])
+def test_every_cost_model_prices_every_op(model):
+    from apsat.extract.cost import COST_MODELS, cost_model
+
+    assert model in COST_MODELS
+    graph = _priced_examples()
+    cost = cost_model(model).node_cost(graph)
+    seen_ops, seen_operators = set(), set()
+    for nid, node in graph.nodes.items():
+        value = cost(nid)
+        assert 0 <= value < float("inf"), f"cost model {model} prices {node['op']} at {value}"
+        seen_ops.add(node["op"])
+        if node["op"] == "compute":
+            seen_operators.add(graph.nodes[graph.classes[graph.node_classes[nid][0]][0]]["op"])
+    assert set(OPS) <= seen_ops
+    assert {EGG_NAMES.get(c, c) for c in COMPUTE_OPS} <= {EGG_NAMES.get(c, c) for c in seen_operators}

@@ -42,16 +42,23 @@ def infer_shapes(roots, tensor_shapes: dict) -> dict[Term, AccessShape]:
         spec = OPS.get(term.op)
         if spec is None:
             raise ShapeError(f"unknown op {term.op!r}")
-        arg_shapes = []
-        for kind, value in zip(spec.signature, term.args):
-            if kind == "expr":
-                arg_shapes.append(shapes[value])
-            elif kind == "exprs":
-                arg_shapes.append(tuple(shapes[v] for v in value))
-            elif kind == "access-shape":
-                arg_shapes.append(tuple(value.args))
-        shapes[term] = spec.shape(term.args, arg_shapes, tensor_shapes)
+        shapes[term] = apply_shape_rule(term.op, term.args, shapes.__getitem__, tensor_shapes)
     return shapes
+
+
+def apply_shape_rule(op: str, args: tuple, shape_of, tensor_shapes: dict) -> AccessShape:
+    """The access shape of an `op` node with arguments `args` (as a Term holds them, except
+    that Expr children may be any key), `shape_of(child)` giving each child's shape."""
+    spec = OPS[op]
+    arg_shapes = []
+    for kind, value in zip(spec.signature, args):
+        if kind == "expr":
+            arg_shapes.append(shape_of(value))
+        elif kind == "exprs":
+            arg_shapes.append(tuple(shape_of(v) for v in value))
+        elif kind == "access-shape":
+            arg_shapes.append(tuple(value.args))
+    return spec.shape(args, arg_shapes, tensor_shapes)
 
 
 @dataclass

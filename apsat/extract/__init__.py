@@ -20,6 +20,7 @@ from apsat.extract.cost import cost_model
 from apsat.extract.decode import decode, language_graph
 from apsat.extract.greedy_dag import extract_greedy_dag
 from apsat.extract.ilp import ExtractionResult, extract_ilp
+from apsat.extract.shapes import class_shapes
 from apsat.extract.tree import extract_tree
 
 EXTRACTORS = {"tree": extract_tree, "greedy-dag": extract_greedy_dag, "ilp": extract_ilp}
@@ -35,9 +36,10 @@ def run_extractor(method: str, graph, roots, node_cost=None, time_limit: float |
     return fn(graph, roots, node_cost)
 
 
-def extract(eg, root, method: str = "tree", cost="nodes", time_limit: float | None = None) -> Program:
+def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float | None = None) -> Program:
     """The best program for `root` (a handle from `eg.add`, or a dict output name ->
-    handle) under `method` and the cost model `cost` (a name or a cost-model object).
+    handle) under `method` and the cost model `cost` (a name in COST_MODELS, a cost-model
+    object, or None for the e-graph's target's own model: "gpu" or "systolic").
     The Program carries `.cost` (its DAG cost: shared classes paid once) and
     `.extraction` (method, cost model, seconds, tree-vs-DAG figures; with "ilp" also
     `optimal` and `gap`). `time_limit` (seconds) bounds extractors that take one (ilp)."""
@@ -46,8 +48,10 @@ def extract(eg, root, method: str = "tree", cost="nodes", time_limit: float | No
     outputs = root if isinstance(root, dict) else {"out": root}
     start = time.perf_counter()
     graph = language_graph(eg.serialize())
+    graph.shapes = class_shapes(graph, eg.tensor_shapes)
     roots = [eg.class_of(h) for h in outputs.values()]
-    node_cost = cost_model(cost).node_cost(graph)
+    model = cost_model(cost, eg.target)
+    node_cost = model.node_cost(graph)
     choice = run_extractor(method, graph, roots, node_cost, time_limit)
     missing = [r for r in roots if r not in choice]
     if missing:
@@ -58,7 +62,7 @@ def extract(eg, root, method: str = "tree", cost="nodes", time_limit: float | No
     program = Program({name: terms[eg.class_of(h)] for name, h in outputs.items()},
                       dict(eg.tensor_shapes), dict(eg.opaque_nodes))
     program.cost = dag_cost(graph, choice, roots, node_cost)
-    program.extraction = {"method": method, "cost_model": cost_model(cost).name,
+    program.extraction = {"method": method, "cost_model": model.name,
                           "seconds": seconds, "classes_used": len(used),
                           "egraph_nodes": len(graph.nodes)}
     if isinstance(choice, ExtractionResult):

@@ -57,49 +57,58 @@ def _chain(graph, choice, cls, item):
         cls = tail
 
 
+def expr_child_classes(graph: ExtractionGraph, nid: str, choice: dict[str, str] | None = None) -> list[str]:
+    """The Expr child classes of language node `nid`, in argument order (an opaque call's
+    argument list flattened)."""
+    out = []
+    for kind, c in zip(OPS[graph.nodes[nid]["op"]].signature, graph.node_classes[nid]):
+        if kind == "expr":
+            out.append(c)
+        elif kind == "exprs":
+            out.extend(_chain(graph, choice or {}, c, lambda h: h))
+    return out
+
+
+def node_args(graph: ExtractionGraph, nid: str, expr, choice: dict[str, str] | None = None) -> tuple:
+    """The arguments of language node `nid` as a Term would hold them: literals, int
+    tuples, attribute Terms (compute operators, pad types, access shapes), and `expr(class
+    id)` for each Expr child (inside a tuple for an `exprs` argument). List and attribute
+    classes are read through `choice` where it names them, else their first node."""
+    choice = choice or {}
+    args = []
+    for kind, c in zip(OPS[graph.nodes[nid]["op"]].signature, graph.node_classes[nid]):
+        if kind == "expr":
+            args.append(expr(c))
+        elif kind == "exprs":
+            args.append(_chain(graph, choice, c, expr))
+        elif kind in ("int", "float", "name"):
+            v = _literal(graph, c)
+            args.append(float(v) if kind == "float" else v)
+        elif kind in ("list", "shape"):
+            args.append(_chain(graph, choice, c, lambda h: _literal(graph, h)))
+        elif kind == "access-shape":
+            n = choice.get(c) or graph.classes[c][0]
+            a, b = graph.node_classes[n]
+            args.append(Term("access-shape", (_chain(graph, choice, a, lambda h: _literal(graph, h)),
+                                              _chain(graph, choice, b, lambda h: _literal(graph, h)))))
+        elif kind in ("pad-type", "compute-op"):
+            n = choice.get(c) or graph.classes[c][0]
+            params = tuple(_literal(graph, p) for p in graph.node_classes[n])
+            name = graph.nodes[n]["op"]
+            if name in COMPUTE_OPS:
+                params = tuple(int(p) if k == "int" else float(p)
+                               for k, p in zip(COMPUTE_OPS[name].params, params))
+            args.append(Term(name, params))
+    return tuple(args)
+
+
 def decode(graph: ExtractionGraph, choice: dict[str, str], roots) -> dict[str, Term]:
     """Terms for the given root classes under `choice` (class id -> node id), built
     bottom-up with an explicit stack. Returns root class id -> Term."""
     terms: dict[str, Term] = {}
 
-    def expr_children(nid):
-        op = graph.nodes[nid]["op"]
-        kids = graph.node_classes[nid]
-        out = []
-        for kind, c in zip(OPS[op].signature, kids):
-            if kind == "expr":
-                out.append(c)
-            elif kind == "exprs":
-                out.extend(_chain(graph, choice, c, lambda h: h))
-        return out
-
     def build(nid):
-        op = graph.nodes[nid]["op"]
-        args = []
-        for kind, c in zip(OPS[op].signature, graph.node_classes[nid]):
-            if kind == "expr":
-                args.append(terms[c])
-            elif kind == "exprs":
-                args.append(_chain(graph, choice, c, lambda h: terms[h]))
-            elif kind in ("int", "float", "name"):
-                v = _literal(graph, c)
-                args.append(float(v) if kind == "float" else v)
-            elif kind in ("list", "shape"):
-                args.append(_chain(graph, choice, c, lambda h: _literal(graph, h)))
-            elif kind == "access-shape":
-                n = choice.get(c) or graph.classes[c][0]
-                a, b = graph.node_classes[n]
-                args.append(Term("access-shape", (_chain(graph, choice, a, lambda h: _literal(graph, h)),
-                                                  _chain(graph, choice, b, lambda h: _literal(graph, h)))))
-            elif kind in ("pad-type", "compute-op"):
-                n = choice.get(c) or graph.classes[c][0]
-                params = tuple(_literal(graph, p) for p in graph.node_classes[n])
-                name = graph.nodes[n]["op"]
-                if name in COMPUTE_OPS:
-                    params = tuple(int(p) if k == "int" else float(p)
-                                   for k, p in zip(COMPUTE_OPS[name].params, params))
-                args.append(Term(name, params))
-        return Term(op, tuple(args))
+        return Term(graph.nodes[nid]["op"], node_args(graph, nid, lambda c: terms[c], choice))
 
     for root in roots:
         stack = [(root, False)]
@@ -112,5 +121,5 @@ def decode(graph: ExtractionGraph, choice: dict[str, str], roots) -> dict[str, T
                 terms[cls] = build(nid)
                 continue
             stack.append((cls, True))
-            stack.extend((k, False) for k in expr_children(nid) if k not in terms)
+            stack.extend((k, False) for k in expr_child_classes(graph, nid, choice) if k not in terms)
     return {r: terms[r] for r in roots}

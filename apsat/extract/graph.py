@@ -26,6 +26,9 @@ class ExtractionGraph:
     roots: list[str]
     class_types: dict[str, str] = field(default_factory=dict)
     dropped: int = 0  # nodes filtered out as not extractable
+    # Class id -> access shape, filled in by apsat.extract.extract for cost models that
+    # price nodes by their sizes (None for a bare extraction-gym file).
+    shapes: dict | None = None
 
     @classmethod
     def from_json(cls, data, extractable=None) -> "ExtractionGraph":

@@ -32,7 +32,7 @@ PROGRAMS = [
     (f"(access-insert-axis {X} 2)", ((3,), (4, 1))),
     (f"(access-insert-axis {X} 0)", ((1, 3), (4,))),
     (f"(access-insert-axis {X} 1)", ((3, 1), (4,))),
-    (f"(access-squeeze (access (access-tensor v) 1) 0)", ((), (4,))),
+    ("(access-squeeze (access (access-tensor v) 1) 0)", ((), (4,))),
     ("(access-flatten (access (access-tensor q) 2))", ((6,), (4,))),
     (f"(access-reshape {Q} (access-shape (shape 6) (shape 2 2)))", ((6,), (2, 2))),
     (f"(access-slice {Q} 2 1 3)", ((2,), (3, 2))),
@@ -121,7 +121,7 @@ def test_glenside_examples():
 BAD = [
     f"(fused-dot-bias {X} {Y} (access (access-tensor x) 1))",
     f"(fused-dot-bias-act softmax {X} {Y} (access (access-tensor bias3) 1))",
-    f"(access (access-tensor x) 3)",
+    "(access (access-tensor x) 3)",
     f"(access-transpose {X} (list 0 0))",
     f"(access-transpose {X} (list 0))",
     f"(access-transpose {X} (list 0 2))",

@@ -1,0 +1,117 @@
+"""The `systolic` cost model: cycles on a systolic-array accelerator.
+
+The accelerator (array size, dataflow, scratchpads, DRAM bandwidth, vector unit) is the
+target's description in apsat/targets/systolic.py, and every per-operation figure comes
+from the analytical model there (`gemm_cost`, `vector_cycles`, `dram_cycles`), the one the
+accelerator backend's cycle model uses too and that is calibrated against SCALE-Sim.
+
+Per node (ops classified in workload.py):
+  systolic-array   the array's cycles for an (m×k)·(k×n) product, DRAM stalls included;
+                   plus, when the left operand is a window view (im2col) whose input does
+                   not fit the ifmap scratchpad, the cost of materialising the im2col matrix
+                   in DRAM (written once; the array's own reads are already counted).
+                   Windows whose input fits are streamed from the scratchpad: no extra.
+  fused atoms      the same product plus the epilogue on the vector unit as results drain.
+  compute          dot-product not mapped to the array runs on the host, one MAC per cycle
+                   (this is what makes the array form worth finding); every other
+                   operator runs on the vector unit, overlapped with its DRAM traffic.
+  copies           a DRAM read and write of every element (layout changes).
+  opaque           a host step: a fixed hand-off plus the DRAM traffic of its data.
+  views            nothing: their data is paid by the node that reads them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from apsat.extract.cost_gpu import needs_shapes
+from apsat.extract.decode import expr_child_classes
+from apsat.extract.graph import ExtractionGraph
+from apsat.extract.workload import (COPY_OPS, FLOPS_PER_INPUT, FLOPS_PER_OUTPUT, HOST_OPS,
+                                    KERNEL_OPS, VIEW_OPS, compute_op, elements, footprints,
+                                    traffic)
+from apsat.targets.systolic import PRESETS, Accelerator, dram_cycles, gemm_cost, vector_cycles
+
+HOST_MACS_PER_CYCLE = 1.0       # a scalar host core, in accelerator cycles
+HOST_HANDOFF_CYCLES = 10_000.0  # synchronising with the host for one step
+
+
+@dataclass
+class SystolicCycles:
+    """Cycles of each e-node on `accel` (default: the 32x32 preset)."""
+
+    accel: Accelerator | None = None
+    name: str = "systolic"
+
+    def __post_init__(self):
+        if self.accel is None:
+            self.accel = PRESETS["32x32"]
+
+    @classmethod
+    def for_target(cls, target) -> "SystolicCycles":
+        """The model for a systolic Target (its accelerator description)."""
+        return cls(target.accel)
+
+    def node_cost(self, graph: ExtractionGraph):
+        """node id -> cycles; views 0; a node of a class without a shape costs inf."""
+        shapes = needs_shapes(graph, self.name)
+        fp = footprints(graph, shapes)
+        acc = self.accel
+
+        def cost(nid: str) -> float:
+            node = graph.nodes[nid]
+            op = node["op"]
+            if op in VIEW_OPS or op not in KERNEL_OPS | COPY_OPS | HOST_OPS:
+                return 0.0
+            if node["eclass"] not in shapes:
+                return math.inf
+            reads, writes = traffic(graph, nid, shapes, fp)
+            if op in COPY_OPS:
+                return float(dram_cycles(acc, reads + writes))
+            if op in HOST_OPS:
+                return HOST_HANDOFF_CYCLES + dram_cycles(acc, reads + writes)
+            if op == "systolic-array":
+                return self._array(graph, nid, shapes, fp)
+            if op in ("fused-dot-bias", "fused-dot-bias-act"):
+                return self._fused(graph, nid, shapes, fp)
+            return self._compute(graph, nid, shapes, reads, writes)
+        return cost
+
+    def _array(self, graph, nid, shapes, fp) -> float:
+        """A systolic-array atom: (batch×rows)·(rows×cols) on the array."""
+        left, right = expr_child_classes(graph, nid)
+        (batch, (k,)), (_, (_, n)) = shapes[left], shapes[right]
+        m = math.prod(batch)
+        return float(gemm_cost(self.accel, m, k, n).total_cycles) + self._im2col(m * k, fp.get(left, 0.0))
+
+    def _im2col(self, matrix_words: float, input_words: float) -> float:
+        """Extra cycles for a left operand of `matrix_words` elements that reads only
+        `input_words` of stored data (a window view): free when the input fits the ifmap
+        scratchpad (windows are formed on chip), else the im2col matrix is written to DRAM."""
+        if input_words >= matrix_words or input_words <= self.accel.ifmap_words:
+            return 0.0
+        return float(dram_cycles(self.accel, matrix_words))
+
+    def _fused(self, graph, nid, shapes, fp) -> float:
+        """A fused dot-bias(-act) atom: the product on the array, bias and activation on
+        the vector unit as the results drain (no DRAM round trip in between)."""
+        kids = expr_child_classes(graph, nid)
+        (ia, item), (ib, _) = shapes[kids[0]], shapes[kids[1]]
+        m, k, n = math.prod(ia), math.prod(item), math.prod(ib)
+        act = graph.nodes[nid]["op"] == "fused-dot-bias-act"
+        epilogue = 1 + (FLOPS_PER_OUTPUT[compute_op(graph, nid)] if act else 0)
+        return (float(gemm_cost(self.accel, m, k, n).total_cycles) + self._im2col(m * k, fp.get(kids[0], 0.0))
+                + vector_cycles(self.accel, m * n, epilogue))
+
+    def _compute(self, graph, nid, shapes, reads, writes) -> float:
+        """`compute OP`: a dot-product on the host, anything else on the vector unit."""
+        name = compute_op(graph, nid)
+        child = expr_child_classes(graph, nid)[0]
+        if name == "dot-product":
+            macs = elements(shapes[child]) / 2
+            return HOST_HANDOFF_CYCLES + macs / HOST_MACS_PER_CYCLE + dram_cycles(self.accel, reads + writes)
+        if name in FLOPS_PER_INPUT:
+            work = vector_cycles(self.accel, elements(shapes[child]), FLOPS_PER_INPUT[name])
+        else:
+            work = vector_cycles(self.accel, elements(shapes[graph.nodes[nid]["eclass"]]), FLOPS_PER_OUTPUT[name])
+        return float(max(work, dram_cycles(self.accel, reads + writes)))

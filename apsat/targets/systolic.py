@@ -1,0 +1,326 @@
+"""The systolic-array accelerator: its description and its analytical cycle/traffic model.
+
+This module is the single source of truth for what a GEMM costs on a systolic array: the
+extractor's systolic cost model and the accelerator backend's cycle model both call
+`gemm_cost`, `vector_cycles` and `dram_cycles`; nothing else re-derives these numbers.
+
+The model follows SCALE-Sim 3.0 (`scalesim` on PyPI), which it is calibrated against
+(`benchmarks/calibrate_systolic.py`, data in `tests/targets/data/`):
+
+* An (m x k) . (k x n) product is a conv layer with P = m output pixels, window R*S*C = k
+  and n filters. A dataflow maps it onto the array as (Sr, Sc, T): os (m, n, k), ws
+  (k, n, m), is (k, m, n); Sr is folded over the array's rows, Sc over its columns, T is
+  the number of cycles operands stream through one fold.
+* Compute: every fold takes T + fill cycles, fill = rows + cols - 2 (os) or
+  2*rows + cols - 2 (ws, is: the stationary tile is loaded first), and the last cycle is
+  not counted: compute = F * (T + fill) - 1 with F = ceil(Sr/rows) * ceil(Sc/cols).
+  This reproduces SCALE-Sim's "Total Cycles" exactly when bandwidth is unlimited (its
+  CALC mode), for any array shape.
+* Traffic (DRAM words): each scratchpad is double buffered, half of it ("active")
+  feeding the array while the other half fills. os: A (m x k) is read once if it fits in
+  its active half, else once per column fold; B (k x n) once if one column fold
+  (k x cols) fits, else once per row fold; every output is written once. ws: B's tiles
+  are stationary and read once; A as in os. is: A's tiles are stationary and read once;
+  B is read once if it fits, else once per column fold. ws and is drain partial sums
+  after every row fold (SCALE-Sim does not accumulate them on chip): m*n*ceil(Sr/rows)
+  words written.
+* Stalls: each scratchpad has its own DRAM interface of `dram_bandwidth` words/cycle
+  (SCALE-Sim's model), and the array waits for the slowest: total = max(compute,
+  read_end(ifmap), read_end(filter), write_end(ofmap)). A read operand's first active
+  half is loaded before the layer (SCALE-Sim leaves that out of "Total Cycles"), the
+  rest streams from the first cycle, and the compute that consumes the last half
+  follows it: read_end = (W - S/2)/bw + compute * (S/2)/W. Outputs start draining once
+  half the ofmap scratchpad is full, and at the end up to all of it (one half draining,
+  one full) drains after the layer: write_end = compute * (S/2)/W + (W - S)/bw. (W:
+  words moved, S: scratchpad words; no stall where W fits.) The write side is
+  calibrated on SCALE-Sim's USER-mode runs (within 2.2 %); SCALE-Sim's read buffer
+  over-fetches and counts each read stall twice (see benchmarks/calibrate_systolic.py),
+  so read stalls follow the streaming model above rather than SCALE-Sim.
+
+Units: one word is one tensor element. Scratchpad sizes are given in kB of SCALE-Sim's
+one-byte words, so 1 kB holds 1024 words (elements).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from apsat.errors import ApsatError
+
+DATAFLOWS = ("os", "ws", "is")
+WORDS_PER_KB = 1024
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A systolic-array accelerator.
+
+    rows, cols: the PE array (rows x cols multiply-accumulate units).
+    dataflow: "os" (output stationary), "ws" (weight stationary) or "is" (input
+        stationary, SCALE-Sim's third dataflow).
+    ifmap_kb, filter_kb, ofmap_kb: scratchpad sizes in kB, 1 kB = 1024 words (elements);
+        each is double buffered (half feeds the array, half fills from DRAM).
+    dram_bandwidth: words per cycle on each scratchpad's DRAM interface (the three
+        interfaces run in parallel); math.inf means unlimited (SCALE-Sim's CALC mode).
+    vector_lanes: elements per cycle of the vector unit (activations, element-wise ops).
+    name: a label for reports.
+
+    Construction validates every field and raises ApsatError with a one-line message.
+    """
+
+    rows: int
+    cols: int
+    dataflow: str = "os"
+    ifmap_kb: int = 64
+    filter_kb: int = 64
+    ofmap_kb: int = 64
+    dram_bandwidth: float = 64.0
+    vector_lanes: int = 32
+    name: str = "systolic"
+
+    def __post_init__(self):
+        who = f"accelerator {self.name!r}"
+        for f in ("rows", "cols", "vector_lanes"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ApsatError(f"{who}: {f} must be a positive integer, got {v!r}")
+        if self.dataflow not in DATAFLOWS:
+            raise ApsatError(f"{who}: unknown dataflow {self.dataflow!r} (use os, ws or is)")
+        bw = self.dram_bandwidth
+        if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
+            raise ApsatError(f"{who}: dram_bandwidth must be a positive number of words "
+                             f"per cycle, got {bw!r}")
+        object.__setattr__(self, "dram_bandwidth", float(bw))
+        if not isinstance(self.name, str) or not self.name:
+            raise ApsatError(f"{who}: name must be a non-empty string")
+        tile = self.rows * self.cols
+        for f in ("ifmap_kb", "filter_kb", "ofmap_kb"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ApsatError(f"{who}: {f} must be a positive integer (kB), got {v!r}")
+            if v * WORDS_PER_KB < tile:
+                raise ApsatError(
+                    f"{who}: the {f[:-3]} scratchpad ({v} kB = {v * WORDS_PER_KB} words) "
+                    f"cannot hold one {self.rows}x{self.cols} tile ({tile} words)")
+
+    @property
+    def ifmap_words(self) -> int:
+        """Capacity of the ifmap scratchpad in words (both halves)."""
+        return self.ifmap_kb * WORDS_PER_KB
+
+    @property
+    def filter_words(self) -> int:
+        """Capacity of the filter scratchpad in words (both halves)."""
+        return self.filter_kb * WORDS_PER_KB
+
+    @property
+    def ofmap_words(self) -> int:
+        """Capacity of the ofmap scratchpad in words (both halves)."""
+        return self.ofmap_kb * WORDS_PER_KB
+
+    @property
+    def macs_per_cycle(self) -> int:
+        """Peak multiply-accumulates per cycle (rows * cols)."""
+        return self.rows * self.cols
+
+    def fill_cycles(self) -> int:
+        """Cycles one fold adds to its T streaming cycles (pipeline fill and drain)."""
+        if self.dataflow == "os":
+            return self.rows + self.cols - 2
+        return 2 * self.rows + self.cols - 2
+
+
+# SCALE-Sim's own configurations (DESIGN.md): scale.cfg and google.cfg.
+PRESETS: dict[str, Accelerator] = {
+    "32x32": Accelerator(32, 32, "os", 64, 64, 64, 64.0, 32, "32x32"),
+    "256x256": Accelerator(256, 256, "ws", 6144, 6144, 2048, 10.0, 256, "256x256"),
+}
+
+
+def scale_cfg_like(rows: int, cols: int, name: str | None = None) -> Accelerator:
+    """A rows x cols array with the 32x32 preset's scratchpads, bandwidth and dataflow
+    (scale.cfg), each scratchpad grown to hold at least one rows x cols tile; vector
+    lanes = cols."""
+    p = PRESETS["32x32"]
+    need = -(-rows * cols // WORDS_PER_KB) if rows > 0 and cols > 0 else 1
+    return Accelerator(rows, cols, p.dataflow, max(p.ifmap_kb, need), max(p.filter_kb, need),
+                       max(p.ofmap_kb, need), p.dram_bandwidth, cols if cols > 0 else 1,
+                       name or f"{rows}x{cols}")
+
+
+_TOML_KEYS = {f.name for f in fields(Accelerator)}
+_TOML_REQUIRED = {"rows", "cols"}
+
+
+def load_accelerator(path) -> Accelerator:
+    """An Accelerator from a TOML file whose top-level keys are Accelerator's fields
+    (rows and cols required; the others default to the 32x32 preset's values, name to
+    the file's stem; dram_bandwidth may be the TOML float inf). ApsatError (one line,
+    naming the file) for an unreadable or malformed file, unknown or missing keys and
+    invalid values."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ApsatError(f"{path}: cannot read accelerator file: {e.strerror or e}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ApsatError(f"{path}: not valid TOML: {str(e).splitlines()[0]}") from None
+    unknown = sorted(set(data) - _TOML_KEYS)
+    if unknown:
+        raise ApsatError(f"{path}: unknown key(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(sorted(_TOML_KEYS))})")
+    missing = sorted(_TOML_REQUIRED - set(data))
+    if missing:
+        raise ApsatError(f"{path}: missing key(s) {', '.join(missing)}")
+    data.setdefault("name", path.stem)
+    p = PRESETS["32x32"]
+    data.setdefault("vector_lanes", data["cols"] if isinstance(data["cols"], int) else 1)
+    for f in ("dataflow", "ifmap_kb", "filter_kb", "ofmap_kb", "dram_bandwidth"):
+        data.setdefault(f, getattr(p, f))
+    try:
+        return Accelerator(**data)
+    except ApsatError as e:
+        raise ApsatError(f"{path}: {e}") from None
+
+
+@dataclass(frozen=True)
+class GemmCost:
+    """What one (m x k) . (k x n) product costs on an accelerator (see the module
+    docstring for the model). Cycle counts are integers; `total_cycles` is the one number
+    a cost model wants.
+
+    sr, sc, t: the dataflow's mapping (spatial rows, spatial columns, temporal).
+    row_folds, col_folds, folds: ceil(sr/rows), ceil(sc/cols), their product.
+    compute_cycles: folds * (t + fill) - 1, the cycles with unlimited bandwidth.
+    ifmap_reads, filter_reads, ofmap_writes: DRAM words moved for the m x k operand, the
+        k x n operand and the m x n result (re-fetches and partial sums included).
+    stall_cycles: cycles the array waits for DRAM; total_cycles = compute + stall.
+    macs: m * k * n; utilization: macs / (rows * cols * total_cycles) (1 x 1 array,
+        1 x 1 x 1 product: 0 cycles, utilization counted over one).
+    """
+
+    m: int
+    k: int
+    n: int
+    sr: int
+    sc: int
+    t: int
+    row_folds: int
+    col_folds: int
+    compute_cycles: int
+    ifmap_reads: int
+    filter_reads: int
+    ofmap_writes: int
+    stall_cycles: int
+    total_cycles: int
+    utilization: float
+
+    @property
+    def folds(self) -> int:
+        """Number of folds (row_folds * col_folds)."""
+        return self.row_folds * self.col_folds
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates of the product (m * k * n)."""
+        return self.m * self.k * self.n
+
+    @property
+    def dram_words(self) -> int:
+        """All DRAM words moved: reads plus writes."""
+        return self.ifmap_reads + self.filter_reads + self.ofmap_writes
+
+
+def _mapping(dataflow: str, m: int, k: int, n: int) -> tuple[int, int, int]:
+    if dataflow == "os":
+        return m, n, k
+    if dataflow == "ws":
+        return k, n, m
+    return k, m, n                       # is
+
+
+def _read_end(words: int, active: int, bw: float, compute: int) -> float:
+    """When a read interface lets the array finish: the first active half is loaded
+    before the layer starts, the remaining words stream at bw from its first cycle, and
+    the compute that consumes the last active half follows the last word."""
+    if words <= active or math.isinf(bw):
+        return 0.0
+    return (words - active) / bw + compute * active / words
+
+
+def _write_end(words: int, capacity: int, bw: float, compute: int) -> float:
+    """When the write interface lets the array finish: draining starts once the first
+    half is full (after compute * half / words cycles at the average output rate), then
+    runs at bw; at the end up to the whole scratchpad (one half draining, one full) may
+    still be on chip, and it drains after the layer."""
+    if words <= capacity or math.isinf(bw):
+        return 0.0
+    return compute * (capacity // 2) / words + (words - capacity) / bw
+
+
+def gemm_cost(acc: Accelerator, m: int, k: int, n: int) -> GemmCost:
+    """The cost of an (m x k) . (k x n) product on `acc`, mapped as SCALE-Sim maps a conv
+    layer with P = m output pixels, window k and n filters. m, k, n are positive ints
+    (numpy integers too; ApsatError otherwise). Pure and cheap (O(1)): call it per
+    e-node."""
+    for v, label in ((m, "m"), (k, "k"), (n, "n")):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise ApsatError(f"gemm_cost: {label} must be a positive integer, got {v!r}")
+    m, k, n = int(m), int(k), int(n)
+    rows, cols, df = acc.rows, acc.cols, acc.dataflow
+    sr, sc, t = _mapping(df, m, k, n)
+    fr, fc = -(-sr // rows), -(-sc // cols)
+    compute = fr * fc * (t + acc.fill_cycles()) - 1
+
+    a_act, b_act = acc.ifmap_words // 2, acc.filter_words // 2
+    a_words, b_words = m * k, k * n
+    if df == "os":
+        # A (m x k) streams along the rows, re-read per column fold unless it all fits;
+        # one column fold of B (k x cols) is reused across the row folds if it fits.
+        a_reads = a_words if a_words <= a_act else a_words * fc
+        b_reads = b_words if (b_words <= b_act or k * cols <= b_act) else b_words * fr
+        c_writes = m * n
+    elif df == "ws":
+        # B's tiles are stationary (each read once); A (m x k) streams per column fold.
+        a_reads = a_words if a_words <= a_act else a_words * fc
+        b_reads = b_words
+        c_writes = m * n * fr
+    else:
+        # is: A's tiles are stationary; B (k x n) streams per column fold.
+        a_reads = a_words
+        b_reads = b_words if b_words <= b_act else b_words * fc
+        c_writes = m * n * fr
+
+    bw = acc.dram_bandwidth
+    end = max(compute,
+              _read_end(a_reads, a_act, bw, compute),
+              _read_end(b_reads, b_act, bw, compute),
+              _write_end(c_writes, acc.ofmap_words, bw, compute))
+    total = max(compute, math.ceil(end))
+    return GemmCost(m, k, n, sr, sc, t, fr, fc, compute, a_reads, b_reads, c_writes,
+                    total - compute, total, m * k * n / (rows * cols * max(total, 1)))
+
+
+def closed_form_cycles(acc: Accelerator, m: int, k: int, n: int) -> int:
+    """SCALE-Sim's total cycles with unlimited bandwidth (its CALC mode): F * (T + fill)
+    - 1 (see the module docstring). Equals gemm_cost(...).compute_cycles."""
+    return gemm_cost(acc, m, k, n).compute_cycles
+
+
+def dram_cycles(acc: Accelerator, words: int) -> int:
+    """Cycles one DRAM interface needs to move `words` words (ceil(words / bandwidth));
+    0 for no words or unlimited bandwidth."""
+    if words <= 0 or math.isinf(acc.dram_bandwidth):
+        return 0
+    return math.ceil(words / acc.dram_bandwidth)
+
+
+def vector_cycles(acc: Accelerator, elements: int, ops_per_element: int = 1) -> int:
+    """Cycles of the vector unit for `elements` elements at `ops_per_element` operations
+    each: ceil(elements * ops_per_element / vector_lanes); 0 for no work. DRAM traffic is
+    not included (add dram_cycles where operands are not on chip)."""
+    work = elements * ops_per_element
+    return 0 if work <= 0 else math.ceil(work / acc.vector_lanes)
