@@ -103,10 +103,21 @@ def random_inputs(model, seed: int = 0) -> dict[str, np.ndarray]:
     return {name: rng.standard_normal(tuple(dims), dtype=np.float32) for name, dims in shapes.items()}
 
 
+# onnx.helper.make_model stamps the newest IR version, which a released onnxruntime may
+# refuse ("Unsupported model IR version"). IR 10 covers every opset the importer reads, so
+# the oracle runs newer-stamped models with their IR version lowered to it.
+ORT_IR_VERSION = 10
+
+
 def ort_run(model_proto: onnx.ModelProto, inputs: dict) -> dict[str, np.ndarray]:
     """All graph outputs from onnxruntime on the CPU, 2 threads, no graph optimisation
-    (the plain oracle: no fused kernels that reorder arithmetic)."""
+    (the plain oracle: no fused kernels that reorder arithmetic). A model stamped with an
+    IR version above ORT_IR_VERSION runs as a copy stamped ORT_IR_VERSION."""
     import onnxruntime as ort
+
+    if model_proto.ir_version > ORT_IR_VERSION:
+        model_proto = onnx.ModelProto.FromString(model_proto.SerializeToString())
+        model_proto.ir_version = ORT_IR_VERSION
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2

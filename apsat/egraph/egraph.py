@@ -481,5 +481,32 @@ class EGraph:
         nodes, classes = self.size()
         return f"<EGraph target={self.target!r} nodes={nodes} classes={classes} outputs={list(self.outputs)}>"
 
+    # ---- interactive use (Jupyter); the work is in apsat.explore ---------------------------
+
+    def view(self, root=None, depth: int | None = 2, max_classes: int = 150):
+        """An EGraphView of the e-classes within `depth` child steps of `root` (a handle;
+        None: every output), at most `max_classes`; shows itself as SVG in Jupyter."""
+        from apsat.explore import view
+
+        return view(self, root, depth, max_classes)
+
+    def step(self, name: str, **limits):
+        """Run one phase of the target's default plan (by phase name) or one ruleset and
+        return a StepReport (sizes before/after, matches per rule, stop reason)."""
+        from apsat.explore import step
+
+        return step(self, name, **limits)
+
+    def eclass(self, handle, cost=None):
+        """EClassInfo: the members of `handle`'s e-class with shapes and own costs."""
+        from apsat.explore import eclass
+
+        return eclass(self, handle, cost)
+
+    def _repr_html_(self) -> str:
+        # Small e-graphs draw whole; larger ones draw their outputs' neighbourhood.
+        return self.view(None, depth=None if self.size()[0] <= 60 else 2)._repr_html_()
+
+
 
 _SHAPE_RULE_NAMES = set(re.findall(r':name "([^"]+)"', LANGUAGE))

@@ -1,0 +1,199 @@
+"""Interactive exploration: objects that show themselves in Jupyter.
+
+    view(eg, root, depth)     EGraphView: the e-graph (or one e-class's neighbourhood) as SVG
+    step(eg, name)            StepReport: run one phase or ruleset, show what changed
+    eclass(eg, handle)        EClassInfo: one e-class's members, their shapes and costs
+    compare(eg, root, ...)    Comparison: extractions side by side, differences marked
+
+Each object has `_repr_html_` for notebooks and a readable `__str__` for terminals. The
+EGraph methods of the same names (apsat/egraph/egraph.py) call these.
+"""
+from __future__ import annotations
+
+import difflib
+import html
+import time
+from dataclasses import dataclass, field
+
+from apsat.explore import render
+
+
+@dataclass(repr=False)
+class EGraphView:
+    """A drawing of `eg` around `root` to `depth` child steps (see render.neighbourhood).
+    Renders as SVG through Graphviz; without `dot`, as text, and says why."""
+
+    drawing: render.Drawing
+    fallback_reason: str = ""
+
+    def dot(self) -> str:
+        """The Graphviz DOT source."""
+        return render.egraph_dot(self.drawing)
+
+    def svg(self) -> str:
+        """SVG text (RuntimeError when Graphviz is missing)."""
+        return render.svg(self.dot())
+
+    def _repr_svg_(self):
+        if not render.dot_available():
+            return None   # Jupyter then uses _repr_html_'s text fallback
+        return self.svg()
+
+    def _repr_html_(self) -> str:
+        if render.dot_available():
+            return f'<div style="overflow:auto">{self.svg()}</div>'
+        why = "Graphviz `dot` is not installed (Debian: apt-get install graphviz); showing text"
+        return f"<p><i>{html.escape(why)}</i></p><pre>{html.escape(str(self))}</pre>"
+
+    def __str__(self) -> str:
+        return render.text_drawing(self.drawing)
+
+    def __repr__(self) -> str:
+        return f"<EGraphView {len(self.drawing.classes)} e-classes, roots {self.drawing.roots}>"
+
+
+def view(eg, root=None, depth: int | None = 2, max_classes: int = render.MAX_CLASSES) -> EGraphView:
+    """The neighbourhood of `root` (a handle; None: all outputs) to `depth` child steps
+    (None: unbounded), at most `max_classes` e-classes."""
+    return EGraphView(render.neighbourhood(eg, root, depth, max_classes))
+
+
+@dataclass(repr=False)
+class StepReport:
+    """What one step did: e-graph size before and after, matches per rule, stop reason."""
+
+    name: str
+    rulesets: list
+    before: tuple
+    after: tuple
+    seconds: float
+    stop_reason: str
+    rule_matches: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return str(self).splitlines()[0]
+
+    def rows(self) -> list[tuple[str, int]]:
+        """(rule, matches) for the rules that matched, most first."""
+        return sorted(((r, n) for r, n in self.rule_matches.items() if n), key=lambda x: -x[1])
+
+    def __str__(self) -> str:
+        head = (f"{self.name}: e-nodes {self.before[0]} -> {self.after[0]}, e-classes {self.before[1]} -> "
+                f"{self.after[1]}, {self.seconds:.2f} s, stopped: {self.stop_reason}")
+        return "\n".join([head] + [f"  {n:6d}  {r}" for r, n in self.rows()])
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td>{html.escape(r)}</td><td style='text-align:right'>{n}</td></tr>" for r, n in self.rows())
+        return (f"<b>{html.escape(self.name)}</b> ({', '.join(map(html.escape, self.rulesets))}): "
+                f"e-nodes {self.before[0]} &rarr; <b>{self.after[0]}</b>, e-classes {self.before[1]} &rarr; "
+                f"<b>{self.after[1]}</b>, {self.seconds:.2f} s, stopped: {html.escape(self.stop_reason)}"
+                f"<table><tr><th>rule</th><th>matches</th></tr>{rows}</table>")
+
+
+def step(eg, name: str, **limits) -> StepReport:
+    """Run one phase of the target's default plan (by phase name: "layout", "im2col", ...)
+    or one ruleset (by name) and report what changed. `limits` (iter_limit, node_limit,
+    time_limit) override the phase's own."""
+    from apsat.rules.saturate import Phase, default_plan
+
+    phase = next((p for p in default_plan(eg.target) if p.name == name), None) or Phase(name, (name,))
+    settings = {"iter_limit": phase.iter_limit, "node_limit": phase.node_limit, "time_limit": phase.time_limit}
+    settings.update(limits)
+    before = eg.size()
+    start = time.perf_counter()
+    report = eg.saturate(list(phase.rulesets), **settings)
+    run = report["phases"][0] if report["phases"] else {"stop_reason": "skipped", "rule_matches": {}}
+    return StepReport(name, list(phase.rulesets), before, eg.size(), time.perf_counter() - start,
+                      run["stop_reason"], dict(run["rule_matches"]))
+
+
+@dataclass(repr=False)
+class EClassInfo:
+    """The members of one e-class: label, shape and cost under `cost_model` (the node's
+    own cost, children not included)."""
+
+    cls: str
+    shape: object
+    cost_model: str
+    members: list   # (label, cost)
+
+    def __str__(self) -> str:
+        lines = [f"e-class {self.cls} {render.shape_text(self.shape)} ({self.cost_model} cost)"]
+        return "\n".join(lines + [f"  {c:12.4g}  {label}" for label, c in self.members])
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td><code>{html.escape(label)}</code></td><td style='text-align:right'>{c:.4g}</td></tr>"
+                       for label, c in self.members)
+        return (f"<b>e-class {html.escape(self.cls)}</b> shape {html.escape(render.shape_text(self.shape))}"
+                f"<table><tr><th>e-node</th><th>own cost ({html.escape(self.cost_model)})</th></tr>{rows}</table>")
+
+
+def eclass(eg, handle, cost=None) -> EClassInfo:
+    """Members of `handle`'s e-class with their shapes and own costs (cost model `cost`,
+    default the e-graph target's)."""
+    from apsat.extract.cost import cost_model
+
+    drawing = render.neighbourhood(eg, handle, depth=0)
+    graph, cls = drawing.graph, drawing.roots[0]
+    graph.shapes = drawing.shapes
+    model = cost_model(cost, eg.target)
+    price = model.node_cost(graph)
+    members = [(render.node_label(graph, nid), price(nid)) for nid in render._expr_members(graph, cls)]
+    return EClassInfo(cls, drawing.shapes.get(cls), model.name, sorted(members, key=lambda m: m[1]))
+
+
+@dataclass(repr=False)
+class Comparison:
+    """Extractions of one e-graph side by side: name -> Program (with .cost, .extraction)."""
+
+    programs: dict
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def texts(self) -> dict[str, list[str]]:
+        """name -> the program's DAG text lines."""
+        from apsat.egraph.syntax import to_dag_text
+
+        return {name: to_dag_text(p.outputs).splitlines() for name, p in self.programs.items()}
+
+    def __str__(self) -> str:
+        rows = [f"{name:>14}: cost {p.cost:.6g}  ({p.extraction.get('cost_model')}, "
+                f"{p.extraction.get('seconds', 0):.3f} s, {len(p.terms())} nodes)" for name, p in self.programs.items()]
+        return "\n".join(rows)
+
+    def _repr_html_(self) -> str:
+        texts = self.texts()
+        names = list(self.programs)
+        base = set(texts[names[0]])
+        cells = []
+        for name in names:
+            p = self.programs[name]
+            lines = "".join((f"<div style='background:#fff3b0'>{html.escape(line)}</div>" if line not in base
+                             else f"<div>{html.escape(line)}</div>") for line in texts[name])
+            cells.append(f"<td style='vertical-align:top'><b>{html.escape(name)}</b><br>cost {p.cost:.6g} "
+                         f"({html.escape(str(p.extraction.get('cost_model')))})<pre style='font-size:85%'>{lines}</pre></td>")
+        return ("<p>Lines not in the first program are highlighted.</p>"
+                f"<table><tr>{''.join(cells)}</tr></table>")
+
+    def diff(self, a: str, b: str) -> str:
+        """A unified diff of two programs' DAG texts."""
+        t = self.texts()
+        return "\n".join(difflib.unified_diff(t[a], t[b], a, b, lineterm=""))
+
+
+def compare(eg, root=None, methods=("tree", "greedy-dag", "ilp"), costs=(None,), time_limit: float = 10.0) -> Comparison:
+    """Extract `root` (a handle, a dict of handles, or None: every output) with each
+    method under each cost model (None: the target's) and put the results side by side."""
+    from apsat.extract import extract
+
+    root = root if root is not None else dict(eg.outputs)
+    programs = {}
+    for cost in costs:
+        for method in methods:
+            name = method if len(costs) == 1 else f"{method}/{cost or eg.target.kind}"
+            programs[name] = extract(eg, root, method=method, cost=cost, time_limit=time_limit)
+    return Comparison(programs)
