@@ -185,6 +185,9 @@ def _infer(skeleton, label: str):
     except Exception as e:
         raise ModelError(f"{_at(label)}onnx shape inference failed: {_first_line(e)}") from None
     info = _value_info(lenient)
+    mismatch = _type_mismatch(skeleton, info)
+    if mismatch:
+        raise ModelError(f"{_at(label)}{mismatch}")
     # Graph outputs may omit their shape, which the checker refuses: fill inferred ones.
     for out, inferred in zip(skeleton.graph.output, lenient.graph.output):
         if not out.type.tensor_type.HasField("shape") and inferred.type.tensor_type.HasField("shape"):
@@ -198,6 +201,32 @@ def _infer(skeleton, label: str):
     except Exception as e:
         return info, f"{_at(label)}onnx shape inference: {_first_line(e)}"
     return info, None
+
+
+def _type_mismatch(model, info: dict) -> str | None:
+    """The first node whose inputs bound to one type parameter of its schema have different
+    element types (e.g. a float64 weight on a float32 Conv), described in one line; None if
+    all agree. onnx's checker and strict inference let this through; onnxruntime refuses it."""
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    for node in model.graph.node:
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opsets.get(node.domain or "", 1), node.domain or "")
+        except Exception:
+            continue   # unknown op or domain: the checker and the importer speak about it
+        bound: dict[str, tuple[str, int]] = {}
+        for i, name in enumerate(node.input):
+            if not name or name not in info or not info[name][0]:
+                continue
+            formal = schema.inputs[min(i, len(schema.inputs) - 1)] if schema.inputs else None
+            if formal is None:
+                continue
+            seen = bound.setdefault(formal.type_str, (name, info[name][0]))
+            if seen[1] != info[name][0]:
+                types = onnx.TensorProto.DataType.Name
+                return (f"node {node.name or node.op_type} ({node.op_type}): input {name!r} is "
+                        f"{types(info[name][0]).lower()} but {seen[0]!r} is {types(seen[1]).lower()}; "
+                        f"inputs bound to type {formal.type_str} must agree")
+    return None
 
 
 def _value_info(model) -> dict:

@@ -204,3 +204,12 @@ def test_run_checks_inputs():
         model.run({})
     with pytest.raises(ModelError, match="shape"):
         model.run({"x": np.zeros((3, 2), np.float32)})
+
+
+def test_mismatched_input_types_are_refused(capfd):
+    # A float64 weight on a float32 Conv: onnx's checker lets it through, onnxruntime refuses it.
+    w = onnx.numpy_helper.from_array(np.zeros((4, 3, 3, 3)), "w")
+    model = _graph_model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3])],
+                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    expect_error(capfd, model, "Conv", "'w' is double but 'x' is float", "type T must agree")
