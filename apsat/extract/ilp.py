@@ -1,6 +1,7 @@
 """Exact DAG-cost extraction as a mixed-integer program, solved with HiGHS (`highspy`).
 
-Model (after pruning, below): a binary x_n per node, minimise sum cost(n) x_n, subject to
+Model (over the pruned graph, apsat/extract/prune.py): a binary x_n per node, minimise
+sum cost(n) x_n, subject to
   - every class: sum of its x_n <= 1; every root class: = 1;
   - a picked node forces a node in each child class: x_n <= sum_{m in k} x_m;
   - acyclicity. The class graph (c -> k when a node of c has child class k) is split into
@@ -11,20 +12,29 @@ Model (after pruning, below): a binary x_n per node, minimise sum cost(n) x_n, s
                t_k - t_c + M x_n <= M - 1 (M = |SCC|): a picked node's children come first;
       "cuts":  solve without them, and while the chosen program has a cycle add the cut
                sum_{n in cycle} x_n <= len - 1 and solve again (warm-started).
-Every solve is warm-started from greedy-DAG (apsat/extract/greedy_dag.py), so HiGHS always
-has an incumbent, and the whole call respects one time limit.
 
-Pruning keeps the optimum: classes unreachable from the roots; nodes whose child class is
-their own class (always a cycle); nodes whose own cost alone exceeds the greedy program's
-total (no better program can contain them); nodes with a child class that has no node
-left; nodes dominated by a node of the same class that costs no more and needs a subset of
-their child classes (swapping one for the other keeps a program valid and acyclic).
-
-The result is never invalid: the solver's choice is checked, and when HiGHS found nothing
-better in time (or anything went wrong) the greedy program is returned with optimal=False.
+The LP relaxation of this model is weak (tensat bert: 0.37 against an optimum of 0.705,
+vgg: 0.22 against 4.85), so proofs on the tensat e-graphs are out of reach, and on bert
+HiGHS's search over the full model does not even beat the start it is given: it is drawn
+to the cyclic "programs" the relaxation allows. The solution quality comes from the
+phases before the full model:
+  1. greedy-DAG (apsat/extract/greedy_dag.py), then local improvement with compound
+     moves (apsat/extract/improve.py);
+  2. pruning against that incumbent's cost (exact: the optimum is kept);
+  3. the MIP over an acyclic restriction of the pruned graph (prune.acyclic_restriction):
+     no acyclicity rows, every solution a program. First only over the support of its
+     LP relaxation plus the best program (tensat bert: ~900 of 20,244 nodes, solved in a
+     second or two), then over the whole restriction. It may lose the optimum, so its
+     verdict proves nothing unless the restriction dropped no node;
+  4. the full model ("order" or "cuts") warm-started from the best program so far, for
+     whatever time is left: its lower bound is the reported one, and only it proves
+     optimality (or phase 3, when the restriction dropped nothing).
+Every candidate is checked on the original graph; the answer is the cheapest valid one,
+never worse than greedy-DAG, and `stats["phases"]` records what each phase reached.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -32,6 +42,11 @@ import numpy as np
 from apsat.extract.check import InvalidExtraction, check_extraction, dag_cost
 from apsat.extract.graph import ExtractionGraph
 from apsat.extract.greedy_dag import extract_greedy_dag
+from apsat.extract.improve import improve
+from apsat.extract.prune import acyclic_restriction, prune, sccs
+
+_IMPROVE_SHARE = 0.2  # at most this share of the time limit for local improvement
+_RESTRICT_UNTIL = 0.75  # the restricted MIP may run until this share of the time limit
 
 
 class ExtractionResult(dict):
@@ -45,119 +60,184 @@ class ExtractionResult(dict):
 
 
 def extract_ilp(graph: ExtractionGraph, roots=None, node_cost=None, time_limit: float = 10.0,
-                acyclic: str = "order", rel_gap: float = 1e-6) -> ExtractionResult:
+                acyclic: str = "order", rel_gap: float = 1e-6, *, local_search: bool = True,
+                restrict: bool = True) -> ExtractionResult:
     """The least-DAG-cost program for `roots` (default `graph.roots`) under `node_cost`
-    (non-negative; default the stored costs), found within `time_limit` seconds (the
-    greedy-DAG warm start and pruning count against it). `acyclic` is "order" or "cuts"
-    (see the module doc); `rel_gap` is the relative gap at which HiGHS calls it optimal.
+    (non-negative; default the stored costs), searched within `time_limit` seconds (every
+    phase counts against it). `acyclic` ("order" or "cuts") picks how the full model
+    forbids cycles; `rel_gap` is the relative gap at which HiGHS calls it optimal.
+    `local_search` and `restrict` switch phases 1 (improvement) and 3 of the module doc.
     Returns an ExtractionResult covering exactly the classes the program uses (or, when
-    some root has no program at all, greedy-DAG's choice, which lacks that root)."""
+    some root has no program at all, greedy-DAG's choice, which lacks that root), never
+    costlier than greedy-DAG's program; `optimal` only when the full model proved it."""
     if acyclic not in ("order", "cuts"):
         raise ValueError(f"acyclic must be 'order' or 'cuts', not {acyclic!r}")
-    start = time.perf_counter()
-    cost = node_cost or graph.cost
-    roots = list(dict.fromkeys(graph.roots if roots is None else roots))
-    greedy = extract_greedy_dag(graph, roots, node_cost)
-    if any(r not in greedy for r in roots):
+    run = _Run(graph, roots, node_cost, time_limit)
+    greedy = extract_greedy_dag(graph, run.roots, node_cost)
+    if any(r not in greedy for r in run.roots):
         return ExtractionResult(greedy, stats={"status": "no program"})
-    warm = {c: greedy[c] for c in check_extraction(graph, greedy, roots)}
-    warm_cost = dag_cost(graph, warm, roots, node_cost)
-    own = {n: cost(n) for n in graph.nodes}
-    members, kids, dominator = _prune(graph, roots, own, warm_cost)
-    stats = {"nodes": len(graph.nodes), "classes": len(graph.classes),
-             "kept_nodes": sum(len(v) for v in members.values()), "kept_classes": len(members),
-             "greedy_cost": warm_cost, "acyclic": acyclic}
-    warm_pruned = _map_warm(warm, dominator, kids, roots)
+    check_extraction(graph, greedy, run.roots)  # greedy-DAG's contract: raises if broken
+    run.offer(greedy, "greedy-dag")
+    if not run.roots:
+        return run.result(acyclic)
+    if local_search and run.left() > 0:
+        run.offer(improve(graph, run.best, run.roots, node_cost, fill=greedy,
+                          time_limit=min(run.left(), _IMPROVE_SHARE * time_limit)), "local improvement")
+    pruned = prune(graph, run.roots, run.own, run.best_cost)
+    run.note("pruning", kept_nodes=pruned.stats["kept_nodes"], kept_classes=pruned.stats["kept_classes"])
+    exact = False  # whether the restricted model turned out to be the full one
+    if restrict and run.left() > 0.05:
+        exact = _solve_restricted(run, pruned, greedy, rel_gap)
+        if run.best_cost < pruned.stats["limit"]:  # a cheaper incumbent prunes more
+            pruned = prune(graph, run.roots, run.own, run.best_cost)
+    if not exact and not run.optimal and run.left() > 0.05:
+        _solve_full(run, pruned, acyclic, rel_gap)
+    run.stats.update(kept_nodes=pruned.stats["kept_nodes"], kept_classes=pruned.stats["kept_classes"])
+    return run.result(acyclic)
 
-    model = _Model(members, kids, own, roots, acyclic)
-    stats.update(cyclic_classes=model.n_order, cuts=0, solves=0)
-    best, best_cost, bound, status = warm, warm_cost, None, "not run"
-    incumbent, optimal = warm_pruned, False
-    while (left := time_limit - (time.perf_counter() - start)) > 0.05:
-        sol, lb, status = model.solve(incumbent, left, rel_gap)
-        stats["solves"] += 1
+
+def _solve_restricted(run, pruned, fill, rel_gap) -> bool:
+    """Phase 3 on the acyclic restriction of `pruned`: first the MIP over the support of
+    its LP relaxation plus the best program (a small neighbourhood that HiGHS solves in a
+    second or two, where the whole restricted MIP takes several seconds to get as far),
+    then the whole restricted MIP with the time left, both until the _RESTRICT_UNTIL
+    share of the time limit. Returns whether the restriction dropped nothing (its model
+    is then the full model, and its bound and proof hold for the full problem)."""
+    fill = {**fill, **run.best}
+    graph, roots, estimate = run.graph, run.roots, {}
+    members = acyclic_restriction(pruned, roots, set(pruned.to_model(run.best, roots).values()),
+                                  lambda n: estimate.setdefault(n, _program_cost(graph, n, fill, run.own)))
+    kept = sum(map(len, members.values()))
+    exact = kept == pruned.stats["kept_nodes"]
+    until = run.time_limit if exact else _RESTRICT_UNTIL * run.time_limit
+    model = _Model(members, pruned, roots, None)
+    lp = model.relaxation(max(until - run.elapsed(), 0.05))
+    if lp is not None:
+        support = {n for n, v in lp.items() if v > 1e-6} | set(pruned.to_model(run.best, roots).values())
+        sub = _closed({c: [n for n in ns if n in support] for c, ns in members.items()}, pruned.kids)
+        seconds = until - run.elapsed()  # it usually stops early, proven within its nodes
+        if seconds > 0.05:
+            sol, _, status = _Model(sub, pruned, roots, None).solve(
+                pruned.to_model(run.best, roots), seconds, rel_gap)
+            run.offer_solution(sol, pruned, "ILP LP-support neighbourhood", status=status,
+                               kept_nodes=sum(map(len, sub.values())))
+    if until - run.elapsed() > 0.05:
+        sol, lb, status = model.solve(pruned.to_model(run.best, roots), until - run.elapsed(), rel_gap)
+        run.offer_solution(sol, pruned, "ILP acyclic restriction", status=status, kept_nodes=kept)
+        if exact and lb is not None:
+            run.bound_at(lb, status == "optimal")
+    return exact
+
+
+def _closed(members, kids):
+    """`members` without the nodes that need a class left without nodes, to a fixpoint."""
+    while True:
+        out = {c: [n for n in ns if all(k in members for k in kids[n])] for c, ns in members.items()}
+        out = {c: ns for c, ns in out.items() if ns}
+        if sum(map(len, out.values())) == sum(map(len, members.values())):
+            return out
+        members = out
+
+
+def _solve_full(run, pruned, acyclic, rel_gap) -> None:
+    """Phase 4: the full model over `pruned`, warm-started from the best program; adds
+    cycle cuts and re-solves while HiGHS's answer has a cycle ("cuts" mode)."""
+    model = _Model(pruned.members, pruned, run.roots, acyclic)
+    run.stats.update(cyclic_classes=model.n_order, cuts=0, solves=0)
+    while (left := run.left()) > 0.05:
+        sol, lb, status = model.solve(pruned.to_model(run.best, run.roots), left, rel_gap)
+        run.stats["solves"] += 1
         if lb is not None:  # every solve is a relaxation of the final model: bounds hold
-            bound = lb if bound is None else max(bound, lb)
+            run.bound_at(lb, False)
         if sol is None:
             break
-        cycles = _cycle_nodes(sol, kids, roots)
+        cycles = _cycle_nodes(sol, pruned.kids, run.roots)
         if cycles:  # "cuts" mode only: the order constraints forbid cycles outright
             model.add_cuts(cycles)
-            stats["cuts"] += len(cycles)
+            run.stats["cuts"] += len(cycles)
             continue
-        choice = {c: sol[c] for c in _reached(sol, kids, roots)}
+        run.offer_solution(sol, pruned, f"ILP full ({acyclic})", status=status)
+        run.optimal = status == "optimal"
+        break
+
+
+class _Run:
+    """One extraction call: the time limit, the best valid program so far, the best
+    lower bound, and per-phase figures (`stats["phases"]`: name, cost, seconds)."""
+
+    def __init__(self, graph, roots, node_cost, time_limit):
+        self.start = time.perf_counter()
+        self.graph, self.node_cost, self.time_limit = graph, node_cost, time_limit
+        self.roots = list(dict.fromkeys(graph.roots if roots is None else roots))
+        cost = node_cost or graph.cost
+        self.own = {n: cost(n) for n in graph.nodes}
+        self.best, self.best_cost, self.bound, self.optimal = None, math.inf, None, False
+        self.stats = {"nodes": len(graph.nodes), "classes": len(graph.classes), "phases": []}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.time_limit - self.elapsed()
+
+    def note(self, phase, **figures) -> None:
+        """Record a phase's result: the best cost after it and the seconds so far."""
+        self.stats["phases"].append({"phase": phase, "cost": self.best_cost,
+                                     "seconds": time.perf_counter() - self.start, **figures})
+
+    def offer(self, choice, phase, **figures) -> None:
+        """Keep `choice` when it is a valid program cheaper than the best so far."""
         try:
-            check_extraction(graph, choice, roots)
-        except InvalidExtraction:  # never expected; the greedy program is the safe answer
-            status = "invalid solver choice"
-            break
-        c_cost = dag_cost(graph, choice, roots, node_cost)
-        if c_cost < best_cost:
-            best, best_cost, incumbent = choice, c_cost, choice
-        optimal = status == "optimal"
-        break  # an acyclic solver answer: optimal, or the best found before the limit
-    gap = None
-    if bound is not None:
-        gap = max(0.0, (best_cost - bound) / best_cost) if best_cost > 0 else 0.0
-    stats.update(status=status, seconds=time.perf_counter() - start, cost=best_cost)
-    return ExtractionResult(best, optimal=optimal, gap=gap, bound=bound, stats=stats)
+            used = check_extraction(self.graph, choice, self.roots)
+        except InvalidExtraction:  # never expected; the best so far is the safe answer
+            figures["invalid"] = True
+        else:
+            choice = {c: choice[c] for c in used}
+            c_cost = dag_cost(self.graph, choice, self.roots, self.node_cost)
+            if c_cost < self.best_cost:
+                self.best, self.best_cost = choice, c_cost
+        self.note(phase, **figures)
+
+    def offer_solution(self, sol, pruned, phase, **figures) -> None:
+        """Offer a model solution {class: node} (None: the solver found nothing)."""
+        if sol is None:
+            self.note(phase, **figures)
+            return
+        full = pruned.to_graph(sol)
+        self.offer({c: full[c] for c in _reached(full, self.graph.node_classes, self.roots)}, phase, **figures)
+
+    def bound_at(self, lb, proven) -> None:
+        self.bound = lb if self.bound is None else max(self.bound, lb)
+        self.optimal = self.optimal or proven
+
+    def result(self, acyclic) -> ExtractionResult:
+        gap = None
+        if self.bound is not None:
+            gap = max(0.0, (self.best_cost - self.bound) / self.best_cost) if self.best_cost > 0 else 0.0
+        last = self.stats["phases"][-1]
+        self.stats.update(acyclic=acyclic, seconds=time.perf_counter() - self.start, cost=self.best_cost,
+                          greedy_cost=self.stats["phases"][0]["cost"], status=last.get("status", last["phase"]))
+        return ExtractionResult(self.best, optimal=self.optimal, gap=gap, bound=self.bound, stats=self.stats)
 
 
-def _prune(graph, roots, own, limit):
-    """Return (class -> kept node ids, node -> distinct child classes, node -> its
-    dominator) after removing, to a fixpoint, the nodes described in the module doc."""
-    kids = {n: list(dict.fromkeys(ks)) for n, ks in graph.node_classes.items()}
-    cls_of = {n: graph.nodes[n]["eclass"] for n in graph.nodes}
-    alive = {n for n in graph.nodes if cls_of[n] not in kids[n] and own[n] <= limit * (1 + 1e-12)}
-    dominator: dict[str, str] = {}
-    while True:
-        members: dict[str, list[str]] = {}
-        for n in alive:
-            members.setdefault(cls_of[n], []).append(n)
-        # Dominance inside each class: cheapest (then fewest children) first, so a node
-        # can only be dominated by one earlier in this order.
-        for c, ns in members.items():
-            ns.sort(key=lambda n: (own[n], len(kids[n]), n))
-            kept: list[tuple[str, set]] = []
-            for n in ns:
-                ks = set(kids[n])
-                dom = next((m for m, mk in kept if mk <= ks), None) if len(kept) < 64 else None
-                if dom is None:
-                    kept.append((n, ks))
-                else:
-                    dominator[n] = dom
-            members[c] = [m for m, _ in kept]
-        # Reachable from the roots through kept nodes whose children all have a node.
-        live = {n for ns in members.values() for n in ns}
-        keep_nodes, seen, stack = set(), set(), [r for r in roots if r in members]
-        while stack:
-            c = stack.pop()
-            if c in seen:
-                continue
-            seen.add(c)
-            for n in members[c]:
-                if all(k in members for k in kids[n]):
-                    keep_nodes.add(n)
-                    stack.extend(kids[n])
-        if keep_nodes == alive:
-            members = {c: [n for n in ns if n in keep_nodes] for c, ns in members.items()}
-            return {c: ns for c, ns in members.items() if ns}, kids, dominator
-        alive = keep_nodes & live
-
-
-def _map_warm(warm, dominator, kids, roots):
-    """The warm program with pruned (dominated) nodes replaced by their dominators; the
-    result is still a program (fewer child classes, same or lower cost)."""
-    sub = {}
-    for c, n in warm.items():
-        while n in dominator:
-            n = dominator[n]
-        sub[c] = n
-    return {c: sub[c] for c in _reached(sub, kids, roots)}
+def _program_cost(graph, n, fill, own) -> float:
+    """DAG cost of node n with its child classes completed by `fill`; inf when that
+    program comes back to n's class or meets a class `fill` lacks."""
+    c, seen, stack, total = graph.nodes[n]["eclass"], set(), list(graph.node_classes[n]), own[n]
+    while stack:
+        k = stack.pop()
+        if k in seen:
+            continue
+        if k == c or k not in fill:
+            return math.inf
+        seen.add(k)
+        total += own[fill[k]]
+        stack.extend(graph.node_classes[fill[k]])
+    return total
 
 
 def _reached(choice, kids, roots):
-    """Classes used when following `choice` from `roots` (assumes acyclic or tolerates cycles)."""
+    """Classes used when following `choice` from `roots` (tolerates cycles)."""
     seen, stack = [], list(roots)
     mark = set()
     while stack:
@@ -197,96 +277,62 @@ def _cycle_nodes(choice, kids, roots, limit=500):
     return cycles
 
 
-def _sccs(members, kids):
-    """Strongly connected components of the class graph (iterative Tarjan)."""
-    succ = {c: list(dict.fromkeys(k for n in ns for k in kids[n])) for c, ns in members.items()}
-    index, low, on, stack, out, counter = {}, {}, set(), [], [], 0
-    for s in succ:
-        if s in index:
-            continue
-        work = [(s, iter(succ[s]))]
-        index[s] = low[s] = counter
-        counter += 1
-        stack.append(s)
-        on.add(s)
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(succ[w])))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                out.append(comp)
-    return out
-
-
 class _Model:
-    """The HiGHS model: columns 0..N-1 are the node binaries, then the order variables."""
+    """The HiGHS model over `members` (class -> nodes, a subset of `pruned.members`):
+    columns 0..N-1 are the node binaries, then the order variables. `acyclic` is "order",
+    "cuts" or None (no acyclicity rows: for an acyclic restriction)."""
 
-    def __init__(self, members, kids, own, roots, acyclic):
+    def __init__(self, members, pruned, roots, acyclic):
         import highspy
 
         self.h = h = highspy.Highs()
         h.setOptionValue("output_flag", False)
+        kids = self.kids = pruned.kids
         self.nodes = [n for ns in members.values() for n in ns]
-        self.col = {n: i for i, n in enumerate(self.nodes)}
+        self.col = col = {n: i for i, n in enumerate(self.nodes)}
         self.cls = {n: c for c, ns in members.items() for n in ns}
-        self.kids = kids
-        col = self.col
         rows: list[tuple[list[int], list[float], float, float]] = []
         rootset = set(roots)
         for c, ns in members.items():
-            rows.append(([col[n] for n in ns], [1.0] * len(ns), 1.0 if c in rootset else 0.0, 1.0))
+            if len(ns) > 1 or c in rootset:  # one binary alone never exceeds 1
+                rows.append(([col[n] for n in ns], [1.0] * len(ns), 1.0 if c in rootset else 0.0, 1.0))
         for n in self.nodes:
             for k in kids[n]:
                 idx = [col[n]] + [col[m] for m in members[k]]
                 rows.append((idx, [1.0] + [-1.0] * len(members[k]), -np.inf, 0.0))
         self.order: dict[str, tuple[int, float, int]] = {}  # class -> (column, M, component)
-        self.comps: list[list[str]] = []
         if acyclic == "order":
-            for comp in _sccs(members, kids):
-                if len(comp) < 2:
-                    continue
-                m = float(len(comp))
-                for c in comp:
-                    self.order[c] = (len(self.nodes) + len(self.order), m, len(self.comps))
-                self.comps.append(comp)
-                cs = set(comp)
-                for c in comp:
-                    tc = self.order[c][0]
-                    for n in members[c]:
-                        for k in kids[n]:
-                            if k in cs:  # t_k - t_c + M x_n <= M - 1
-                                rows.append(([self.order[k][0], tc, col[n]], [1.0, -1.0, m], -np.inf, m - 1.0))
+            rows += self._order_rows(members)
         self.n_order = len(self.order)
         ncol = len(self.nodes) + len(self.order)
-        lower = np.zeros(ncol)
         upper = np.ones(ncol)
         costs = np.zeros(ncol)
-        costs[: len(self.nodes)] = [own[n] for n in self.nodes]
+        costs[: len(self.nodes)] = [pruned.cost[n] for n in self.nodes]
         for i, m, _ in self.order.values():
             upper[i] = m - 1.0
-        h.addCols(ncol, costs, lower, upper, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
+        h.addCols(ncol, costs, np.zeros(ncol), upper, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
         nb = len(self.nodes)
         h.changeColsIntegrality(nb, np.arange(nb, dtype=np.int32), np.ones(nb, np.uint8))
         self._add_rows(rows)
+
+    def _order_rows(self, members):
+        """Order variables and rows for the classes of each cyclic component."""
+        rows, n_comp = [], 0
+        for comp in sccs(members, self.kids):
+            if len(comp) < 2:
+                continue
+            m = float(len(comp))
+            for c in comp:
+                self.order[c] = (len(self.nodes) + len(self.order), m, n_comp)
+            n_comp += 1
+            cs = set(comp)
+            for c in comp:
+                tc = self.order[c][0]
+                for n in members[c]:
+                    for k in self.kids[n]:
+                        if k in cs:  # t_k - t_c + M x_n <= M - 1
+                            rows.append(([self.order[k][0], tc, self.col[n]], [1.0, -1.0, m], -np.inf, m - 1.0))
+        return rows
 
     def _add_rows(self, rows):
         starts, idx, val = [], [], []
@@ -301,26 +347,30 @@ class _Model:
         """Forbid these cycles: not all nodes of one may be picked together."""
         self._add_rows([([self.col[n] for n in cy], [1.0] * len(cy), -np.inf, len(cy) - 1.0) for cy in cycles])
 
+    def relaxation(self, seconds):
+        """Solve the LP relaxation: {node: value}, or None when it did not finish.
+        Integrality is restored afterwards, so `solve` can follow on the same model."""
+        import highspy
+
+        h, nb = self.h, len(self.nodes)
+        cols = np.arange(nb, dtype=np.int32)
+        h.changeColsIntegrality(nb, cols, np.zeros(nb, np.uint8))
+        h.setOptionValue("time_limit", float(seconds))
+        h.run()
+        ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+        vals = h.getSolution().col_value
+        out = {n: vals[i] for n, i in self.col.items()} if ok else None
+        h.changeColsIntegrality(nb, cols, np.ones(nb, np.uint8))
+        return out
+
     def solve(self, warm, seconds, rel_gap):
-        """Solve from the warm program {class: node} (acyclic, in the pruned graph).
-        Returns ({class: node} or None, lower bound or None, HiGHS model status text)."""
+        """Solve from the warm program {class: node} (acyclic, over this model's nodes;
+        {} for none). Returns ({class: node} or None, lower bound or None, HiGHS model
+        status text)."""
         h = self.h
-        x = np.zeros(len(self.nodes) + len(self.order))
-        for n in warm.values():
-            x[self.col[n]] = 1.0
-        # Order values for the warm program: a post-order rank, children first, scaled
-        # into each component's [0, M-1] range by ranking within the component.
-        rank = {}
-        for pos, c in enumerate(_post_order(warm, self.kids)):
-            rank[c] = pos
-        by_comp: dict[int, list] = {}
-        for c, (i, _, comp) in self.order.items():
-            if c in rank:
-                by_comp.setdefault(comp, []).append((rank[c], i))
-        for items in by_comp.values():
-            for r, (_, i) in enumerate(sorted(items)):
-                x[i] = float(r)
-        h.setSolution(len(x), np.arange(len(x), dtype=np.int32), x)
+        if warm and all(n in self.col for n in warm.values()):
+            h.setSolution(len(self.nodes) + len(self.order), np.arange(len(self.nodes) + len(self.order),
+                          dtype=np.int32), self._start(warm))
         h.setOptionValue("time_limit", float(seconds))
         h.setOptionValue("mip_rel_gap", float(rel_gap))
         h.run()
@@ -330,11 +380,23 @@ class _Model:
         if int(info.primal_solution_status) < 2:  # 2 = feasible: nothing found otherwise
             return None, lb, status
         vals = h.getSolution().col_value
-        sol = {}
-        for n, i in self.col.items():
-            if vals[i] > 0.5:
-                sol[self.cls[n]] = n
-        return sol, lb, status
+        return {self.cls[n]: n for n, i in self.col.items() if vals[i] > 0.5}, lb, status
+
+    def _start(self, warm):
+        """Column values for the warm program: its node binaries, and order values from a
+        post-order rank (children first) ranked within each component."""
+        x = np.zeros(len(self.nodes) + len(self.order))
+        for n in warm.values():
+            x[self.col[n]] = 1.0
+        rank = {c: pos for pos, c in enumerate(_post_order(warm, self.kids))}
+        by_comp: dict[int, list] = {}
+        for c, (i, _, comp) in self.order.items():
+            if c in rank:
+                by_comp.setdefault(comp, []).append((rank[c], i))
+        for items in by_comp.values():
+            for r, (_, i) in enumerate(sorted(items)):
+                x[i] = float(r)
+        return x
 
 
 def _post_order(choice, kids):

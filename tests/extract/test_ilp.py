@@ -8,6 +8,7 @@ from apsat.extract.ilp import ExtractionResult, extract_ilp
 from apsat.extract.tree import extract_tree
 
 from test_greedy_dag import DATA, cyclic, graph, load, shared_conv
+from test_improve import merged_matmul
 
 pytest.importorskip("highspy")
 
@@ -68,6 +69,29 @@ def test_resnet50_improves_on_greedy_and_respects_known_optimum():
     assert 4.385795 - 1e-6 <= cost <= dag_cost(g, extract_greedy_dag(g), g.roots) + 1e-9
     assert res.bound is None or res.bound <= 4.385795 + 1e-6  # a lower bound must be one
     assert res.gap is not None and 0 <= res.gap < 0.05
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(acyclic="cuts"), dict(restrict=False), dict(local_search=False),
+                                dict(restrict=False, local_search=False, acyclic="cuts")])
+def test_every_phase_combination_finds_the_merged_matmul(kw):
+    # Greedy computes both matmuls (8); the optimum shares the merged one (7) and must
+    # break the e-graph's cycle Q -> S -> M -> Q by taking the matmul in M.
+    g = merged_matmul()
+    res = extract_ilp(g, **kw)
+    check_extraction(g, res, g.roots)
+    assert dag_cost(g, res, g.roots) == 7 and res.optimal
+    assert res.stats["greedy_cost"] == 8 and res.stats["cost"] == 7
+
+
+def test_phases_are_recorded_and_acyclic_graphs_are_proven_by_the_restriction():
+    g = load("vgg_acyclic.json")
+    res = extract_ilp(g, time_limit=10)
+    phases = [p["phase"] for p in res.stats["phases"]]
+    assert phases[:3] == ["greedy-dag", "local improvement", "pruning"]
+    # No cycle: the restriction keeps every node, so its proof holds and no full model runs.
+    assert phases[-1] == "ILP acyclic restriction" and res.optimal
+    costs = [p["cost"] for p in res.stats["phases"]]
+    assert costs == sorted(costs, reverse=True)  # the best so far only ever improves
 
 
 def test_no_time_returns_greedy_program():
