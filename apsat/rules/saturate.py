@@ -50,8 +50,12 @@ def saturate(eg, rules=None, library: RuleLibrary | None = None, iter_limit: int
     None runs the target's default plan (phases whose ruleset no file defines are
     listed as skipped, with the reason). progress: optional callable(phase name).
     Report: {"phases": [{"phase", "rulesets", "iterations", "stop_reason", "nodes",
-    "classes", "seconds", "rule_matches"} ...], "skipped": [...], "seconds", "nodes",
-    "classes"}.
+    "classes", "seconds", "rule_matches", "node_limit", "overshoot", "last_burst"} ...],
+    "skipped": [...], "seconds", "nodes", "classes", "overshoot"}. A phase's "overshoot"
+    is how many e-nodes it ended over its node limit (0 when under; EGraph.run keeps it 0
+    unless a burst far from the limit grew more than twice its prediction) and
+    "last_burst" the {"iterations", "nodes_added", "match_limit"} of its last burst; the
+    report's "overshoot" is the largest of the phases'.
     regions: a Program already added to `eg`: saturate it region by region, each distinct
     region once (apsat.rules.regions); the report then has "regions" (counts, reuse rate)
     and "phases" summed over the distinct regions."""
@@ -79,10 +83,11 @@ def saturate(eg, rules=None, library: RuleLibrary | None = None, iter_limit: int
         phases.append({"phase": phase.name, "rulesets": list(phase.rulesets),
                        "iterations": run["iterations"], "stop_reason": run["stop_reason"],
                        "nodes": nodes, "classes": classes, "seconds": run["seconds"],
-                       "rule_matches": run["rule_matches"]})
+                       "rule_matches": run["rule_matches"], "node_limit": phase.node_limit,
+                       "overshoot": run["overshoot"], "last_burst": run["last_burst"]})
     nodes, classes = eg.size()
     return {"phases": phases, "skipped": skipped, "seconds": round(time.perf_counter() - start, 4),
-            "nodes": nodes, "classes": classes}
+            "nodes": nodes, "classes": classes, "overshoot": max((p["overshoot"] for p in phases), default=0)}
 
 
 def _saturate_by_regions(eg, program, rules, library, iter_limit, node_limit, time_limit, progress) -> dict:
@@ -96,4 +101,5 @@ def _saturate_by_regions(eg, program, rules, library, iter_limit, node_limit, ti
     rep = stats.pop("template_report")
     nodes, classes = eg.size()
     return {"phases": rep["phases"], "skipped": rep["skipped"], "regions": stats,
-            "seconds": round(time.perf_counter() - start, 4), "nodes": nodes, "classes": classes}
+            "seconds": round(time.perf_counter() - start, 4), "nodes": nodes, "classes": classes,
+            "overshoot": rep.get("overshoot", 0)}

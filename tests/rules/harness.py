@@ -1,7 +1,10 @@
 """Checks every rule must pass: soundness, reach, refusal.
 
 `run_rule` saturates a small program with ONE rule (moved into a ruleset of its own) plus
-the shape analysis. `check_sound` then evaluates the original program and up to `samples`
+the shape analysis; `helpers=` names helper rules of its family (e.g. im2col's `aux-*`
+rules that build the shape lists it reads, see `helper_rules`) to load into that same
+ruleset, and every check_* function passes `helpers=` through. Only the named rule's
+matches count as "fired". `check_sound` then evaluates the original program and up to `samples`
 extractable members of the root e-class (each member = one node of the root class, the
 rest chosen by tree extraction) with the reference interpreter on seeded random inputs.
 Tolerance rtol 1e-4 / atol 1e-5: rewrites re-associate float32 sums (a split dot-product
@@ -9,16 +12,17 @@ adds partial sums in another order), which moves results by a few ulps per term.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 import apsat
 from apsat.backends.reference import evaluate
 from apsat.egraph.egraph import EGraph
 from apsat.egraph.program import Program
-from apsat.extract.check import InvalidExtraction, check_extraction
-from apsat.extract.decode import decode, language_graph
-from apsat.extract.tree import extract_tree
+from apsat.errors import RuleError
 from apsat.rules.library import RuleLibrary
+from apsat.soundness import random_tensors, sample_members
 
 RTOL, ATOL = 1e-4, 1e-5
 _LIBRARY = None
@@ -32,13 +36,34 @@ def library() -> RuleLibrary:
     return _LIBRARY
 
 
+def helper_rules(family: str, prefix: str = "aux-") -> list[str]:
+    """Names of the built-in rules of `family` whose name (after `family/`) starts with
+    `prefix`: a family's helper rules, which add no term but build facts its other rules
+    read. An unknown family gives []."""
+    return sorted(n for n in library().rules if n.startswith(f"{family}/{prefix}"))
+
+
 def run_rule(rule_name: str, text: str, shapes: dict, target: str = "gpu", iter_limit: int = 8,
-             node_limit: int = 20_000, time_limit: float = 10.0):
-    """Add `text` to a fresh e-graph and saturate with rule `rule_name` alone.
-    Returns (eg, root handle, run report)."""
+             node_limit: int = 20_000, time_limit: float = 10.0, helpers=()):
+    """Add `text` to a fresh e-graph and saturate with rule `rule_name` alone, or with the
+    rules named in `helpers` beside it in its one-rule ruleset (a helper equal to
+    `rule_name` is loaded once). Returns (eg, root handle, run report); the report's
+    rule_matches count each rule by name, so `fired(report, rule_name)` still means the
+    rule under test. RuleError for an unknown rule or helper name."""
     eg = EGraph(target=target)
     root = eg.add(apsat.parse(text, shapes))
-    only = library().load_single_rule(eg, rule_name)
+    if helpers:
+        lib = library()
+        names = [rule_name] + [h for h in dict.fromkeys(helpers) if h != rule_name]
+        missing = [n for n in names if n not in lib.rules]
+        if missing:
+            raise RuleError(f"unknown rule(s): {', '.join(missing)}")
+        lib.load_into(eg, [])              # the families' declarations (helper functions)
+        only = "only-" + re.sub(r"[^A-Za-z0-9]", "-", rule_name) + "-with-helpers"
+        eg.load_text(f"(ruleset {only})\n" + "\n".join(lib.rules[n].text_in(only) for n in names),
+                     what=f"loading rule {rule_name} with its helpers")
+    else:
+        only = library().load_single_rule(eg, rule_name)
     report = eg.run([only], iter_limit=iter_limit, node_limit=node_limit, time_limit=time_limit)
     return eg, root, report
 
@@ -50,37 +75,15 @@ def fired(report: dict, rule_name: str) -> int:
 
 def members(eg, root: str, samples: int = 20) -> list[Program]:
     """Up to `samples` programs, one per node of the root e-class (acyclic ones only)."""
-    graph = language_graph(eg.serialize())
-    cls = eg.class_of(root)
-    base = extract_tree(graph, [cls])
-    out = []
-    for node in sorted(graph.classes[cls])[:samples]:
-        choice = dict(base)
-        choice[cls] = node
-        if any(k not in choice for k in graph.node_classes[node]):
-            continue  # a child class with no finite program
-        try:
-            check_extraction(graph, choice, [cls])
-        except InvalidExtraction:
-            continue  # this member only exists through a cycle
-        term = decode(graph, choice, [cls])[cls]
-        out.append(Program({"out": term}, dict(eg.tensor_shapes)))
-    return out
-
-
-def random_tensors(shapes: dict, seed: int = 0, positive: bool = False) -> dict:
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, dims in shapes.items():
-        x = rng.standard_normal(dims).astype(np.float32)
-        out[name] = np.abs(x) + 0.5 if positive else x
-    return out
+    return sample_members(eg, root, samples)
 
 
 def check_sound(rule_name: str, text: str, shapes: dict, target: str = "gpu", seed: int = 0,
                 samples: int = 20, inputs: dict | None = None, **limits) -> int:
     """Assert the rule fires and every sampled member of the root e-class equals the
-    original program numerically; returns the number of members compared (>= 2)."""
+    original program numerically; returns the number of members compared (>= 2).
+    `limits` (here and in the other check_* functions) go to run_rule: iter_limit,
+    node_limit, time_limit, helpers."""
     eg, root, report = run_rule(rule_name, text, shapes, target, **limits)
     assert fired(report, rule_name), f"{rule_name} did not fire on {text}"
     tensors = inputs or random_tensors(shapes, seed)

@@ -13,6 +13,7 @@ from apsat import zoo
 from apsat.backends.reference import evaluate
 from apsat.egraph.egraph import EGraph
 from apsat.egraph.ops import OPS
+from apsat.egraph.term import postorder
 from apsat.rules.library import RuleLibrary
 from apsat.verify import verify_program
 from harness import check_reaches, check_refuses, check_sound
@@ -66,6 +67,17 @@ def gelu_text(x, sqrt2=1.4142135381698608):
     return mul(mul(x, add(erf, lit(1.0))), lit(0.5))
 
 
+
+def zero(m):
+    """The zero bias of shape ((m), ()) the unbiased rules build."""
+    return ("(access-broadcast (access-reshape (access-literal 0.0) (access-shape (shape 1) (shape))) "
+            f"(access-shape (shape {m}) (shape)))")
+
+
+ZERO4, ZERO5 = zero(4), zero(5)                 # for MM (4 columns) and CONV (5 channels)
+# b iterates over two axes ((2, 2), (6)): the zero bias would need two dims
+MM_SPLIT2 = "(compute dot-product (access-cartesian-product (access (access-tensor a) 1) (access (access-tensor w3) 2)))"
+
 # (rule, program, pattern expected in the root e-class)
 REACH = [
     ("fusion/bias", add(MM, BIAS), "(fused-dot-bias ?a ?b ?c)"),
@@ -97,8 +109,18 @@ REACH = [
     ("fusion/gelu-transposed", f"(compute gelu (access-transpose {CFDB} (list 0 3 1 2)))",
      "(access-transpose (fused-dot-bias-act gelu ?a ?b ?c) (list 0 3 1 2))"),
     ("fusion/gelu-erf", gelu_text(MM), "(compute gelu ?x)"),
+    # no bias: the activation goes into the atom with a zero bias
+    ("fusion/relu-unbiased", f"(compute relu {MM})", f"(fused-dot-bias-act relu ?a ?b {ZERO4})"),
+    ("fusion/relu-unbiased-transposed", f"(compute relu {CONV})",
+     f"(access-transpose (fused-dot-bias-act relu ?a ?b {ZERO5}) (list 0 3 1 2))"),
+    ("fusion/clip-unbiased", f"(compute (clip 0.0 6.0) {MM})", f"(fused-dot-bias-act (clip 0.0 6.0) ?a ?b {ZERO4})"),
+    ("fusion/clip-unbiased-transposed", f"(compute (clip 0.0 6.0) {CONV})",
+     f"(access-transpose (fused-dot-bias-act (clip 0.0 6.0) ?a ?b {ZERO5}) (list 0 3 1 2))"),
+    ("fusion/gelu-unbiased", f"(compute gelu {MM})", f"(fused-dot-bias-act gelu ?a ?b {ZERO4})"),
+    ("fusion/gelu-unbiased-transposed", f"(compute gelu {CONV})",
+     f"(access-transpose (fused-dot-bias-act gelu ?a ?b {ZERO5}) (list 0 3 1 2))"),
 ]
-SHAPES["r1"], SHAPES["m14"] = (1, 6), (1, 4)
+SHAPES["r1"], SHAPES["m14"], SHAPES["w3"] = (1, 6), (1, 4), (2, 2, 6)
 
 # (rule, program whose condition fails)
 REFUSE = [
@@ -118,6 +140,12 @@ REFUSE = [
     ("fusion/scale-fold-transposed", mul(CONV, HVEC)),
     ("fusion/scale-fold-biased-transposed", mul(f"(access-transpose {CFDB} (list 0 3 1 2))", HVEC)),
     ("fusion/gelu-erf", gelu_text(MM, sqrt2=1.7320508075688772)),      # x / sqrt 3: not GELU
+    ("fusion/relu-unbiased", f"(compute relu {MM_SPLIT2})"),            # b not split 1
+    ("fusion/relu-unbiased-transposed", f"(compute relu (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
+    ("fusion/clip-unbiased", f"(compute (clip 0.0 6.0) {MM_SPLIT2})"),
+    ("fusion/clip-unbiased-transposed", f"(compute (clip 0.0 6.0) (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
+    ("fusion/gelu-unbiased", f"(compute gelu {MM_SPLIT2})"),
+    ("fusion/gelu-unbiased-transposed", f"(compute gelu (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
 ]
 
 
@@ -257,6 +285,31 @@ def test_gelu_mlp_fuses_matmul_bias_gelu_and_verifies():
     assert counts.get("fused-dot-bias-act", 0) == 1 and counts.get("fused-dot-bias", 0) == 1
     assert [t.args[0].op for t in best.terms() if t.op == "fused-dot-bias-act"] == ["gelu"]
     assert "compute erf" not in counts
+    assert verify_program(m, best, zoo.random_inputs(m, 0)).ok
+
+
+def test_unbiased_conv_relu_and_matmul_relu_fuse_with_a_zero_bias_and_verify():
+    """Conv without bias -> Relu and MatMul -> Relu: no add for the bias rules, so the
+    unbiased rules fuse them with a zero bias; the result matches onnxruntime."""
+    rng = np.random.default_rng(2)
+    weights = {"w": (rng.standard_normal((4, 3, 3, 3)) / np.sqrt(27)).astype(np.float32),
+               "fw": (rng.standard_normal((256, 10)) / 16).astype(np.float32)}
+    model = models.make_model(
+        [onnx.helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         onnx.helper.make_node("Relu", ["c"], ["r"]),
+         onnx.helper.make_node("Flatten", ["r"], ["f"], axis=1),
+         onnx.helper.make_node("MatMul", ["f", "fw"], ["mm"]),
+         onnx.helper.make_node("Relu", ["mm"], ["y"])],
+        {"x": (1, 3, 8, 8)}, ["y"], weights)
+    m = apsat.load_onnx(model)
+    best, report = _optimise(m)
+    assert report["rule_matches"].get("fusion/relu-unbiased", 0) >= 1
+    assert report["rule_matches"].get("fusion/relu-unbiased-transposed", 0) >= 1
+    counts = best.op_counts()
+    assert counts.get("fused-dot-bias-act", 0) == 2
+    assert "compute dot-product" not in counts and "compute relu" not in counts
+    biases = [t.args[3] for t in best.terms() if t.op == "fused-dot-bias-act"]
+    assert all(any(u.op == "access-literal" and u.args[0] == 0.0 for u in postorder(b)) for b in biases)
     assert verify_program(m, best, zoo.random_inputs(m, 0)).ok
 
 

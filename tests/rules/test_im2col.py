@@ -8,14 +8,12 @@ interpreter computes a dot-product over a reshaped or flattened access as a matm
 different layout, which sums the float32 products in another order (a few ulps each).
 
 The exploratory and cartesian-product rules read shape lists that the family's `aux` rules
-build; harness.run_rule runs one rule alone, so those three rules run here with the aux
-rules beside them in their one-rule ruleset (`run_with_aux`), and only the named rule's
-matches count as "fired".
+build, so those three rules run with the aux rules beside them in their one-rule ruleset
+(the harness's `helpers=AUX`); only the named rule's matches count as "fired".
 """
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 import pytest
@@ -24,14 +22,16 @@ import apsat
 from apsat.backends.reference import evaluate
 from apsat.egraph.egraph import EGraph
 from apsat.egraph.program import Program
-from apsat.errors import EGraphError
+from apsat.errors import EGraphError, RuleError
 from apsat.extract.decode import decode, language_graph
 from apsat.extract.tree import extract_tree
-from harness import (ATOL, RTOL, check_reaches, check_refuses, check_sound, fired, library, members,
-                     random_tensors)
+from harness import (ATOL, RTOL, check_reaches, check_refuses, check_sound, fired, helper_rules, library,
+                     members, random_tensors, run_rule)
 
 AUX = ["im2col/aux-want-cartesian", "im2col/aux-iter-dims-start", "im2col/aux-iter-dims-step",
        "im2col/aux-item-dims-start", "im2col/aux-item-dims-step"]
+# The aux rules build a list one dim per iteration before the rule they serve can match.
+WITH_AUX = {"helpers": AUX, "iter_limit": 20}
 
 # A small conv2d, Glenside's way: w (4, 2, 3, 3) over x (2, 6, 6), stride 1 -> ((4, 4, 4), ()).
 W = "(access (access-tensor w) 1)"                                                  # ((4), (2, 3, 3))
@@ -45,17 +45,10 @@ MATMUL_SHAPES = {"a": (6, 8), "b": (5, 8)}
 
 # ---- one rule plus the aux rules ------------------------------------------------------------
 
-def run_with_aux(rule_name, text, shapes, target="gpu", iter_limit=20, node_limit=20_000, time_limit=10.0):
-    """harness.run_rule, with the family's aux rules loaded into the same one-rule ruleset."""
-    lib = library()
-    eg = EGraph(target=target)
-    root = eg.add(apsat.parse(text, shapes))
-    lib.load_into(eg, [])
-    only = "only-" + re.sub(r"[^A-Za-z0-9]", "-", rule_name)
-    rules = [lib.rules[rule_name]] + [lib.rules[n] for n in AUX if n != rule_name]
-    eg.load_text(f"(ruleset {only})\n" + "\n".join(r.text_in(only) for r in rules))
-    report = eg.run([only], iter_limit=iter_limit, node_limit=node_limit, time_limit=time_limit)
-    return eg, root, report
+def test_aux_list_is_the_familys_helper_rules():
+    assert helper_rules("im2col") == sorted(AUX)
+    with pytest.raises(RuleError, match="im2col/aux-nope"):
+        run_rule("im2col/explore-left", CONV, CONV_SHAPES, helpers=["im2col/aux-nope"])
 
 
 def handle_of(eg, text, shapes):
@@ -85,7 +78,7 @@ def members_unrolled(eg, handle, samples=20) -> list[Program]:
 def sound_with_aux(rule_name, text, shapes, sub=None, seed=0, samples=20, **limits) -> int:
     """check_sound for a rule that needs the aux rules; `sub` (surface text of a sub-term
     of `text`) names the e-class to compare when the rule grows an operand's class."""
-    eg, root, report = run_with_aux(rule_name, text, shapes, **limits)
+    eg, root, report = run_rule(rule_name, text, shapes, **{**WITH_AUX, **limits})
     assert fired(report, rule_name), f"{rule_name} did not fire on {text}"
     handle = handle_of(eg, sub, shapes) if sub else root
     tensors = random_tensors(shapes, seed)
@@ -98,17 +91,12 @@ def sound_with_aux(rule_name, text, shapes, sub=None, seed=0, samples=20, **limi
     return len(progs)
 
 
-def reaches_with_aux(rule_name, text, shapes, pattern, **limits):
-    eg, root, report = run_with_aux(rule_name, text, shapes, **limits)
-    assert fired(report, rule_name), f"{rule_name} did not fire on {text}"
-    assert eg.matches(pattern, root), f"{rule_name}: {pattern} not in the root e-class"
-    return eg, root
+def reaches_with_aux(rule_name, text, shapes, pattern):
+    return check_reaches(rule_name, text, shapes, pattern, **WITH_AUX)
 
 
-def refuses_with_aux(rule_name, text, shapes, **limits):
-    eg, root, report = run_with_aux(rule_name, text, shapes, **limits)
-    assert not fired(report, rule_name), f"{rule_name} fired where its condition fails: {text}"
-    assert report["nodes_after"] == report["nodes_before"]
+def refuses_with_aux(rule_name, text, shapes):
+    check_refuses(rule_name, text, shapes, **WITH_AUX)
 
 
 # ---- aux: shape lists -------------------------------------------------------------------------
@@ -132,7 +120,7 @@ def test_aux_rules_build_shape_lists_and_add_no_terms():
     # every aux rule, alone with the others, on the conv: lists for the product and both
     # operands, iterated and item dims, and not one Expr node more
     for name in AUX:
-        eg, root, report = run_with_aux(name, CONV, CONV_SHAPES)
+        eg, root, report = run_rule(name, CONV, CONV_SHAPES, **WITH_AUX)
         assert fired(report, name), name
         assert report["nodes_after"] == report["nodes_before"], name
     cart = f"(access-cartesian-product {W} {X})"
