@@ -167,3 +167,63 @@ def shared_branch_convnet(channels=64, size=32, seed=0, opset=17) -> onnx.ModelP
         helper.make_node("Add", ["y", "z"], ["out"]),
     ]
     return make_model(nodes, {"x": (1, c, size, size)}, ["out"], w, opset=opset)
+
+
+def mlp3(batch=5, sizes=(20, 37, 29, 10), seed=0, opset=17) -> onnx.ModelProto:
+    """A 3-layer perceptron: Gemm + Relu, Gemm + Relu, Gemm (sizes not multiples of 16)."""
+    rng = np.random.default_rng(seed)
+    w, nodes, prev = {}, [], "x"
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        w[f"W{i}"] = _w(rng, n_out, n_in, scale=1 / np.sqrt(n_in))
+        w[f"b{i}"] = 0.1 * _w(rng, n_out, scale=1.0)
+        last = i == len(sizes) - 2
+        out = "y" if last else f"g{i}"
+        nodes.append(helper.make_node("Gemm", [prev, f"W{i}", f"b{i}"], [out], transB=1))
+        if not last:
+            nodes.append(helper.make_node("Relu", [out], [f"h{i}"]))
+            prev = f"h{i}"
+    return make_model(nodes, {"x": (batch, sizes[0])}, ["y"], w, opset=opset)
+
+
+def encoder_block(batch=2, seq=8, d_model=32, heads=4, hidden=64, seed=0, opset=17) -> onnx.ModelProto:
+    """A pre-LN transformer encoder block: attention_block() (LayerNormalization,
+    attention with softmax, residual), then LayerNormalization, gelu_mlp() and a second
+    residual Add. The MLP's names are prefixed `mlp_`."""
+    att = attention_block(batch, seq, d_model, heads, seed, opset)
+    mlp = gelu_mlp(batch, seq, d_model, hidden, seed + 1, opset)
+    rng = np.random.default_rng(seed + 2)
+    weights = {i.name: numpy_helper.to_array(i) for i in att.graph.initializer}
+    weights.update({f"mlp_{i.name}": numpy_helper.to_array(i) for i in mlp.graph.initializer})
+    weights["ln2_s"] = 1 + 0.1 * _w(rng, d_model, scale=1.0)
+    weights["ln2_b"] = 0.1 * _w(rng, d_model, scale=1.0)
+    nodes = list(att.graph.node)
+    nodes.append(helper.make_node("LayerNormalization", ["y", "ln2_s", "ln2_b"], ["h2"],
+                                  axis=-1, epsilon=1e-5))
+
+    def rename(name):
+        return "h2" if name == "x" else f"mlp_{name}" if name else name
+
+    for node in mlp.graph.node:
+        n = onnx.NodeProto()
+        n.CopyFrom(node)
+        n.input[:] = [rename(i) for i in node.input]
+        n.output[:] = [rename(o) for o in node.output]
+        n.name = f"mlp_{node.name}" if node.name else ""
+        nodes.append(n)
+    nodes.append(helper.make_node("Add", ["y", "mlp_y"], ["out"]))
+    return make_model(nodes, {"x": (batch, seq, d_model)}, ["out"], weights, opset=opset)
+
+
+def grouped_convnet(seed=0, opset=17) -> onnx.ModelProto:
+    """A grouped Conv (2 groups) + bias + Relu, a depthwise strided Conv without bias, and
+    an AveragePool padded on one side."""
+    rng = np.random.default_rng(seed)
+    w = {"gw": _w(rng, 8, 2, 3, 3, scale=0.3), "gb": 0.1 * _w(rng, 8, scale=1.0),
+         "dw": _w(rng, 8, 1, 3, 3, scale=0.3)}
+    nodes = [
+        helper.make_node("Conv", ["x", "gw", "gb"], ["g"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=2),
+        helper.make_node("Relu", ["g"], ["r"]),
+        helper.make_node("Conv", ["r", "dw"], ["d"], kernel_shape=[3, 3], strides=[2, 2], group=8),
+        helper.make_node("AveragePool", ["d"], ["y"], kernel_shape=[2, 2], strides=[1, 1], pads=[0, 0, 1, 1]),
+    ]
+    return make_model(nodes, {"x": (1, 4, 9, 9)}, ["y"], w, opset=opset)

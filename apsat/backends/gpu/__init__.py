@@ -1,0 +1,30 @@
+"""GPU kernel generation for the `gpu` target (the optional extra `apsat[gpu]`).
+
+    lower(program, tiles=None) -> KernelGraph      apsat.backends.gpu.lower
+    run(program, inputs, ...)  -> like evaluate    apsat.backends.gpu.triton (Triton)
+    write_kernels(program, directory) -> dict      apsat.backends.gpu.write
+
+Modules: expr (index/value expressions), views (access patterns as indexing), graph (the
+kernel graph's data), regions (matmul and reduction kernels), lower (program -> kernel
+graph), tiling (tile search on the roofline), emit (shared statement emission), triton
+(Triton sources, AOT compile, run), cuda (CUDA C sources, nvcc), runner (the generated
+runner module), host (host steps), write (write_kernels and its figures).
+
+Nothing here imports torch or triton at module level: the core installs and runs without
+them, and only running or compiling kernels needs them.
+"""
+
+__all__ = ["lower", "run", "write_kernels"]
+
+
+def __getattr__(name):
+    if name == "lower":
+        from apsat.backends.gpu.lower import lower
+        return lower
+    if name == "run":
+        from apsat.backends.gpu.triton import run
+        return run
+    if name == "write_kernels":
+        from apsat.backends.gpu.write import write_kernels
+        return write_kernels
+    raise AttributeError(f"module 'apsat.backends.gpu' has no attribute {name!r}")

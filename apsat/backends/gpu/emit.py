@@ -1,0 +1,119 @@
+"""Rendering value expressions as statements, shared by the Triton and CUDA generators.
+
+A kernel's values (apsat/backends/gpu/expr.py) are DAGs: gelu reads its operand twice, a
+pair of views reads one buffer at two indices, a layer norm's epilogue reads the same
+scale for every use. `emit` walks them children first and gives every load, call and
+select one temporary, so each is computed once, and returns the statements plus the text
+of each requested value. A dialect says how one node is written (`Dialect` below).
+"""
+from __future__ import annotations
+
+from apsat.backends.gpu.expr import render_cond, render_ix, value_nodes
+
+
+class Dialect:
+    """How one value node is written in a target language. Subclasses set `floordiv`
+    and implement the node renderers; `load` gets the offset text and the texts of the
+    conditions that must hold (plus whether the load depends on loop variables)."""
+
+    floordiv = "//"
+
+    def ix(self, x) -> str:
+        """Text of an index expression."""
+        return render_ix(x, self.floordiv)
+
+    def cond(self, c) -> str:
+        """Text of an index condition ("ge"/"lt" tuples)."""
+        return render_cond(c, self.floordiv)
+
+    def const(self, v: float) -> str:
+        raise NotImplementedError
+
+    def load(self, buf: str, offset: str, conds: list[str], varying: bool) -> str:
+        raise NotImplementedError
+
+    def call(self, fn: str, args: list[str], nodes: tuple = ()) -> str:
+        """Text of fn(args); `nodes` are the argument expressions (to spot literals)."""
+        raise NotImplementedError
+
+    def where(self, cond: str, a: str, b: str) -> str:
+        raise NotImplementedError
+
+    def nz(self, a: str) -> str:
+        """Condition text: a != 0."""
+        return f"({a} != 0)"
+
+    def assign(self, name: str, text: str) -> str:
+        raise NotImplementedError
+
+
+def emit(dialect: Dialect, values: dict, syms: dict, prefix: str) -> tuple[list[str], dict]:
+    """Statements computing `values` (key -> value expression) and key -> text of each
+    result. `syms` maps ("sym", name) names to their text in the kernel; temporaries are
+    named prefix0, prefix1, ..."""
+    text: dict = {}
+    lines: list[str] = []
+    for v in values.values():
+        for node in value_nodes(v):
+            if node in text:
+                continue
+            tag = node[0]
+            if tag == "const":
+                text[node] = dialect.const(node[1])
+                continue
+            if tag == "sym":
+                text[node] = syms[node[1]]
+                continue
+            if tag == "load":
+                _, buf, off, conds = node
+                deps = off.deps()
+                for c in conds:
+                    deps |= c[1].deps()
+                rendered = dialect.load(buf, dialect.ix(off), [dialect.cond(c) for c in conds], bool(deps))
+            elif tag == "call":
+                rendered = dialect.call(node[1], [text[a] for a in node[2:]], node[2:])
+            elif tag == "where":
+                c = node[1]
+                ctext = dialect.nz(text[c[1]]) if c[0] == "nz" else dialect.cond(c)
+                rendered = dialect.where(ctext, text[node[2]], text[node[3]])
+            else:
+                raise AssertionError(f"unknown value node {tag!r}")
+            name = f"{prefix}{len(lines)}"
+            lines.append(dialect.assign(name, rendered))
+            text[node] = name
+    return lines, {k: text[v] for k, v in values.items()}
+
+
+def axis_defs(dialect: Dialect, prefix: str, dims, flat_var, assign, used=None) -> list[str]:
+    """Definitions of the loop variables prefix0, prefix1, ... of a group of axes `dims`
+    from their row-major flat index `flat_var` (an Ix var). Size-1 axes get none (their
+    index is the constant 0 wherever it is used), nor do variables outside `used` (a set
+    of names, None for all): C compilers warn about unused ones."""
+    from apsat.backends.gpu.expr import unflat
+
+    out = []
+    for i, (d, e) in enumerate(zip(dims, unflat(flat_var, dims))):
+        if d > 1 and (used is None or f"{prefix}{i}" in used):
+            out.append(assign(f"{prefix}{i}", dialect.ix(e)))
+    return out
+
+
+def used_vars(*items) -> set:
+    """Loop-variable names read by value expressions and index expressions (None skipped)."""
+    from apsat.backends.gpu.expr import Ix
+
+    out: set = set()
+    for item in items:
+        if item is None:
+            continue
+        if isinstance(item, Ix):
+            out |= item.deps()
+            continue
+        for v in value_nodes(item):
+            if v[0] == "load":
+                out |= v[2].deps()
+                for c in v[3]:
+                    out |= c[1].deps()
+            elif v[0] == "where" and v[1][0] in ("ge", "lt"):
+                out |= v[1][1].deps()
+    return out

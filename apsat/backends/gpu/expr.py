@@ -1,0 +1,336 @@
+"""The expression IR of generated kernels: integer index expressions and float values.
+
+Both code generators (Triton and CUDA C) render the same expressions, so the indexing a
+kernel does is decided once, here and in views.py, and tested once under the Triton
+interpreter.
+
+Index expressions (`Ix`) are integers built from per-axis loop variables with +, * by a
+constant, floor division and modulo by a constant. They are simplified as they are built,
+using each expression's known range [lo, hi]: `x % d` vanishes when 0 <= x < d, `x // d`
+becomes 0, and a sum divided by d splits off the terms whose coefficient d divides. That is
+what turns the reshape chains of real programs (flatten, split heads, transpose, merge
+heads) back into plain per-axis indexing instead of towers of div/mod. The ranges describe
+the *valid* elements of a kernel; lanes past the end of a tile compute garbage indices
+that every load masks off, so a simplification only has to hold for valid elements (this
+is also why C's truncating division and Python's flooring one may be mixed: they differ
+only for negative operands, which only masked-off lanes produce).
+
+Value expressions are plain tuples, tag first, so they hash and compare structurally and
+the emitters can share common sub-expressions (CSE):
+
+    ("const", float)                       a float32 literal
+    ("load", buffer, Ix, conds)            buffer[Ix]; conds: index conditions that must
+                                           hold (padding), else the load is skipped and
+                                           reads 0 (both renderers guarantee it)
+    ("sym", name)                          a value the kernel skeleton defines (the
+                                           accumulator "acc", a row's statistics)
+    ("call", fn, *args)                    fn in UNARY or BINARY (below)
+    ("where", cond, a, b)                  cond: an index condition, or ("nz", value)
+
+Index conditions are ("ge", Ix, int) / ("lt", Ix, int) and are decided statically where
+the ranges allow (then they never reach the generated code).
+"""
+from __future__ import annotations
+
+UNARY = frozenset({"neg", "relu", "sqrt", "exp", "erf", "tanh", "sigmoid", "abs", "log",
+                   "recip"})
+BINARY = frozenset({"add", "sub", "mul", "div", "pow", "max", "min"})
+
+
+class Ix:
+    """An integer index expression with a known range of valid values [lo, hi]. Build with
+    var/const/add/mul/div/mod (never the constructor): they simplify as they go."""
+
+    __slots__ = ("_key", "args", "hi", "lo", "op")
+
+    def __init__(self, op, args, lo, hi):
+        self.op, self.args, self.lo, self.hi = op, args, lo, hi
+        self._key = (op, args)
+
+    def __eq__(self, other):
+        return isinstance(other, Ix) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __repr__(self):
+        return render_ix(self, "//")
+
+    @property
+    def const(self):
+        """The value when the expression is a constant, else None."""
+        return self.args[0] if self.op == "const" else None
+
+    def deps(self) -> frozenset:
+        """Names of the variables the expression reads."""
+        if self.op == "var":
+            return frozenset([self.args[0]])
+        out = frozenset()
+        for a in self.args:
+            if isinstance(a, Ix):
+                out |= a.deps()
+            elif isinstance(a, tuple):
+                for b in a:
+                    out |= b.deps()
+        return out
+
+
+def const(c: int) -> Ix:
+    """The integer constant c."""
+    return Ix("const", (int(c),), int(c), int(c))
+
+
+def var(name: str, size: int) -> Ix:
+    """A loop variable over 0..size-1 (a size-1 axis is the constant 0)."""
+    return const(0) if size == 1 else Ix("var", (name,), 0, size - 1)
+
+
+def _terms(x: Ix) -> list[tuple[Ix | None, int]]:
+    """x as a list of (factor, coefficient) with factor None for the constant part."""
+    if x.op == "add":
+        out = []
+        for t in x.args[0]:
+            out.extend(_terms(t))
+        return out
+    if x.op == "const":
+        return [(None, x.args[0])]
+    if x.op == "mul":
+        return [(x.args[0], x.args[1])]
+    return [(x, 1)]
+
+
+def _from_terms(terms) -> Ix:
+    """Sum of (factor, coefficient) terms, constants folded, like factors merged."""
+    c, merged, order = 0, {}, []
+    for f, k in terms:
+        if f is None:
+            c += k
+        elif f in merged:
+            merged[f] += k
+        else:
+            merged[f] = k
+            order.append(f)
+    parts = [mul(f, merged[f]) for f in order if merged[f] != 0]
+    parts = [p for p in parts if p.const != 0]
+    if c != 0 or not parts:
+        parts.append(const(c))
+    if len(parts) == 1:
+        return parts[0]
+    return Ix("add", (tuple(parts),), sum(p.lo for p in parts), sum(p.hi for p in parts))
+
+
+def add(*xs: Ix | int) -> Ix:
+    """Sum of index expressions (ints are constants)."""
+    terms = []
+    for x in xs:
+        terms.extend(_terms(x if isinstance(x, Ix) else const(x)))
+    return _from_terms(terms)
+
+
+def mul(x: Ix, c: int) -> Ix:
+    """x * c for a constant c >= 0 (distributed over sums, so div/mod can split them)."""
+    if c == 0 or x.const == 0:
+        return const(0)
+    if c == 1:
+        return x
+    if c < 0:
+        raise ValueError("index expressions only scale by non-negative constants")
+    if x.op == "const":
+        return const(x.args[0] * c)
+    if x.op == "add":
+        return _from_terms([(f, k * c) for f, k in _terms(x)])
+    if x.op == "mul":
+        return mul(x.args[0], x.args[1] * c)
+    return Ix("mul", (x, c), x.lo * c, x.hi * c)
+
+
+def div(x: Ix, d: int) -> Ix:
+    """floor(x / d) for a constant d > 0."""
+    if d == 1:
+        return x
+    if x.op == "const":
+        return const(x.args[0] // d)
+    if x.lo >= 0 and x.hi < d:
+        return const(0)
+    if x.op == "add" or x.op == "mul":
+        terms = _terms(x)
+        whole = [(f, k // d) for f, k in terms if k % d == 0]
+        rest = [(f, k) for f, k in terms if k % d != 0]
+        if whole:
+            return add(_from_terms(whole), div(_from_terms(rest), d)) if rest else _from_terms(whole)
+    if x.op == "div":       # (y // a) // d == y // (a * d) for the valid (non-negative) values
+        return div(x.args[0], x.args[1] * d)
+    return Ix("div", (x, d), x.lo // d, x.hi // d)
+
+
+def mod(x: Ix, d: int) -> Ix:
+    """x modulo a constant d > 0 (x >= 0 for valid elements)."""
+    if d == 1:
+        return const(0)
+    if x.op == "const":
+        return const(x.args[0] % d)
+    if x.lo >= 0 and x.hi < d:
+        return x
+    if x.op == "add" or x.op == "mul":
+        rest = [(f, k) for f, k in _terms(x) if k % d != 0]
+        if len(rest) != len(_terms(x)):
+            return mod(_from_terms(rest), d)
+    return Ix("mod", (x, d), 0, d - 1)
+
+
+def strides(dims) -> list[int]:
+    """Row-major strides of dims."""
+    out, s = [], 1
+    for d in reversed(tuple(dims)):
+        out.append(s)
+        s *= d
+    return out[::-1]
+
+
+def flat(idx, dims) -> Ix:
+    """Row-major offset of the index tuple idx in a contiguous array of shape dims."""
+    return add(*[mul(i, s) for i, s in zip(idx, strides(dims))])
+
+
+def unflat(offset: Ix, dims) -> tuple[Ix, ...]:
+    """The index tuple of a row-major offset into shape dims (inverse of flat)."""
+    out = []
+    for k, (s, d) in enumerate(zip(strides(dims), dims)):
+        q = div(offset, s)
+        out.append(q if k == 0 and offset.hi < s * d else mod(q, d))
+    return tuple(const(0) if d == 1 else o for o, d in zip(out, dims))
+
+
+# ---- index conditions --------------------------------------------------------------------
+
+def ge(x: Ix, c: int):
+    """x >= c: True, False, or a condition for the generated code."""
+    if x.lo >= c:
+        return True
+    if x.hi < c:
+        return False
+    return ("ge", x, c)
+
+
+def lt(x: Ix, c: int):
+    """x < c: True, False, or a condition for the generated code."""
+    if x.hi < c:
+        return True
+    if x.lo >= c:
+        return False
+    return ("lt", x, c)
+
+
+# ---- values --------------------------------------------------------------------------------
+
+def fconst(v: float) -> tuple:
+    """A float32 literal."""
+    return ("const", float(v))
+
+
+def call(fn: str, *args) -> tuple:
+    """fn applied to values; folded to a constant when every argument is one (so no
+    generated code applies a function to two literals, which Triton would refuse)."""
+    if fn not in UNARY and fn not in BINARY:
+        raise ValueError(f"unknown kernel function {fn!r}")
+    if all(a[0] == "const" for a in args):
+        return fconst(_fold(fn, [a[1] for a in args]))
+    return ("call", fn) + tuple(args)
+
+
+def _fold(fn: str, xs: list[float]) -> float:
+    """fn on float32 constants, rounded as the reference interpreter rounds."""
+    import math
+
+    import numpy as np
+
+    x = [np.float32(v) for v in xs]
+    with np.errstate(all="ignore"):
+        table = {"neg": lambda: -x[0], "relu": lambda: max(x[0], np.float32(0)),
+                 "sqrt": lambda: np.sqrt(x[0]), "exp": lambda: np.exp(x[0]),
+                 "erf": lambda: np.float32(math.erf(float(x[0]))), "tanh": lambda: np.tanh(x[0]),
+                 "sigmoid": lambda: np.float32(1) / (np.float32(1) + np.exp(-x[0])),
+                 "abs": lambda: abs(x[0]), "log": lambda: np.log(x[0]),
+                 "recip": lambda: np.float32(1) / x[0],
+                 "add": lambda: x[0] + x[1], "sub": lambda: x[0] - x[1], "mul": lambda: x[0] * x[1],
+                 "div": lambda: x[0] / x[1], "pow": lambda: np.power(x[0], x[1]),
+                 "max": lambda: np.maximum(x[0], x[1]), "min": lambda: np.minimum(x[0], x[1])}
+        return float(np.float32(table[fn]()))
+
+
+def where(cond, a, b) -> tuple:
+    """a where cond holds, else b (cond: an index condition, True/False, or ("nz", value))."""
+    if cond is True:
+        return a
+    if cond is False:
+        return b
+    return ("where", cond, a, b)
+
+
+def value_nodes(value) -> list:
+    """Every distinct value sub-expression, children first."""
+    seen, order, stack = set(), [], [(value, False)]
+    while stack:
+        v, done = stack.pop()
+        if done:
+            order.append(v)
+            continue
+        if v in seen:
+            continue
+        seen.add(v)
+        stack.append((v, True))
+        for c in value_children(v):
+            stack.append((c, False))
+    return order
+
+
+def value_children(v) -> tuple:
+    """The value operands of a value expression (conditions' values included)."""
+    tag = v[0]
+    if tag == "call":
+        return v[2:]
+    if tag == "where":
+        kids = (v[2], v[3])
+        return ((v[1][1],) + kids) if isinstance(v[1], tuple) and v[1][0] == "nz" else kids
+    return ()
+
+
+def loads(value) -> list[tuple]:
+    """The load nodes of a value expression."""
+    return [v for v in value_nodes(value) if v[0] == "load"]
+
+
+# ---- rendering of index expressions ----------------------------------------------------------
+
+def render_ix(x: Ix, floordiv: str) -> str:
+    """Source text of an index expression; `floordiv` is the dialect's integer division
+    operator ("//" in Triton, "/" in C)."""
+    op = x.op
+    if op == "const":
+        return str(x.args[0])
+    if op == "var":
+        return x.args[0]
+    if op == "add":
+        parts = [render_ix(t, floordiv) for t in x.args[0]]
+        text = parts[0]
+        for p in parts[1:]:
+            text += f" - {p[1:]}" if p.startswith("-") else f" + {p}"
+        return f"({text})"
+    if op == "mul":
+        return f"{_atom(x.args[0], floordiv)} * {x.args[1]}"
+    if op == "div":
+        return f"({_atom(x.args[0], floordiv)} {floordiv} {x.args[1]})"
+    if op == "mod":
+        return f"({_atom(x.args[0], floordiv)} % {x.args[1]})"
+    raise AssertionError(op)
+
+
+def _atom(x: Ix, floordiv: str) -> str:
+    text = render_ix(x, floordiv)
+    return text if x.op in ("var", "const", "add", "div", "mod") else f"({text})"
+
+
+def render_cond(c, floordiv: str) -> str:
+    """Source text of an index condition ("ge"/"lt")."""
+    op, x, k = c
+    return f"({render_ix(x, floordiv)} {'>=' if op == 'ge' else '<'} {k})"

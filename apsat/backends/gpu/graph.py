@@ -1,0 +1,136 @@
+"""The kernel graph: what the lowering (apsat/backends/gpu/lower.py) produces and the
+code generators, runner and report consume.
+
+Buffers are float32 arrays in device memory, row-major. Steps run in list order: a
+`Kernel` (one generated kernel: elementwise, gemm or reduce) or a `HostStep` (a term no
+kernel expresses, run on the host). Each step names the buffers it reads and the one it
+writes, so the graph is also a networkx DiGraph (`to_networkx`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from apsat.backends.gpu.expr import Ix
+from apsat.egraph.program import Program
+from apsat.extract.cost_gpu import BYTES, LAUNCH_US, PCIE_BYTES_PER_US, GpuRoofline
+
+
+@dataclass
+class Buffer:
+    """A float32 array in device memory: a program input or weight (`tensor` names it),
+    or the result of a kernel or host step; row-major over `dims`."""
+
+    name: str
+    dims: tuple[int, ...]
+    kind: str                  # "input" | "kernel" | "host"
+    tensor: str | None = None  # the program's tensor name, for inputs
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.dims)
+
+
+@dataclass
+class Kernel:
+    """One generated kernel. `kind` is "elementwise", "gemm" or "reduce".
+
+    axes: loop-variable groups, name -> dims; elementwise {"o"}; gemm {"b", "m", "n", "k"}
+    (the batch, matrix and contraction axes); reduce {"r", "c"} (rows and columns).
+    values: the expressions, over variables named <group><axis> (o0, m1, ka0 ...):
+    elementwise {"out"}; gemm {"a", "b", "out"} (a over b/m/ka, b over b/kb/n, out over
+    b/m/n and ("sym", "acc")); reduce {"elem", "out"} (out reads ("sym", "acc"), the
+    reduced value or, for softmax and layer-norm, the normalised element).
+    store: the element offset in `out` that `values["out"]` goes to (None: elementwise,
+    whose output is contiguous over its own index space).
+    op: for reduce, sum | max | mean | softmax | layer-norm; `eps` for layer-norm.
+    """
+
+    name: str
+    kind: str
+    out: str
+    reads: list[str]
+    axes: dict
+    values: dict
+    store: Ix | None
+    covers: list[str]
+    op: str = ""
+    eps: float = 0.0
+    tiles: dict = field(default_factory=dict)
+    flops: float = 0.0
+    elements_read: float = 0.0
+    elements_written: float = 0.0
+
+    @property
+    def bytes(self) -> float:
+        """Bytes moved in the ideal case: each buffer read once, the result written once."""
+        return (self.elements_read + self.elements_written) * BYTES["fp32"]
+
+    @property
+    def modelled_us(self) -> float:
+        """Roofline time on an H100 (apsat/extract/cost_gpu.py), fp32."""
+        return GpuRoofline("fp32").kernel_us(self.flops, self.elements_read + self.elements_written,
+                                             self.kind == "gemm")
+
+
+@dataclass
+class HostStep:
+    """A term the GPU target cannot express, run on the host: `program` is the term with
+    every buffer it reads as a named tensor (reads), evaluated by the reference
+    interpreter (which runs opaque nodes in onnxruntime)."""
+
+    name: str
+    out: str
+    reads: list[str]
+    program: Program
+    op: str
+    runner: str      # "onnxruntime" | "reference"
+    reason: str
+
+    @property
+    def bytes(self) -> float:
+        """Bytes crossing PCIe: the operands down and the result back (cost_gpu's model)."""
+        ins = sum(math.prod(d) for d in self.program.tensor_shapes.values())
+        return (ins + math.prod(self.program.shape[0] + self.program.shape[1])) * BYTES["fp32"]
+
+    @property
+    def modelled_us(self) -> float:
+        return 2 * LAUNCH_US + self.bytes / PCIE_BYTES_PER_US
+
+
+@dataclass
+class KernelGraph:
+    """Steps (Kernel | HostStep) in execution order, every buffer by name, the program's
+    tensor names per input buffer, and output name -> buffer holding it."""
+
+    steps: list
+    buffers: dict[str, Buffer]
+    outputs: dict[str, str]
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        return [s for s in self.steps if isinstance(s, Kernel)]
+
+    @property
+    def host_steps(self) -> list[HostStep]:
+        return [s for s in self.steps if isinstance(s, HostStep)]
+
+    @property
+    def inputs(self) -> list[Buffer]:
+        """Input buffers (program tensors), in first-use order."""
+        return [b for b in self.buffers.values() if b.kind == "input"]
+
+    def to_networkx(self):
+        """The step graph: nodes are step names, an edge runs from the step writing a buffer
+        to each step reading it (the `buffer` attribute names it)."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        writer = {}
+        for s in self.steps:
+            g.add_node(s.name, kind=getattr(s, "kind", "host"))
+            for r in s.reads:
+                if r in writer:
+                    g.add_edge(writer[r], s.name, buffer=r)
+            writer[s.out] = s.name
+        return g

@@ -1,0 +1,342 @@
+"""Lowering: an extracted Program becomes a kernel graph for the gpu target.
+
+Each kernel is one fused region:
+
+* **gemm**: `fused-dot-bias(-act)`, `systolic-array`, or `compute dot-product` over a
+  pair or cartesian product whose operands vary along different output axes (a batched
+  matmul; an im2col convolution reads its windows straight from the padded input). The
+  epilogue applies the bias and activation, and may go on with an element-wise consumer
+  chain (a residual add, a scale, an activation) when the kernel's result has no other
+  consumer.
+* **reduce**: reduce-sum/max/mean (pooling, global mean), softmax, layer-norm, and
+  dot-products without two matrix sides (a matrix-vector product or a row-wise dot), one
+  row of the item dims per output; the same epilogue chains (layer norm's scale and
+  shift).
+* **elementwise**: a chain of element-wise operators (add, mul, relu, gelu, ...), each
+  inlined into its single consumer; also the copy of an output that is only a view.
+
+Views (access, transpose, reshape, windows, pad, slice, concatenate, broadcast, pair,
+cartesian product) never run as kernels: they become the indexing of the kernels that read
+them (apsat/backends/gpu/views.py). What no kernel can express becomes a **host step**:
+an opaque ONNX node runs in onnxruntime, anything else the views refuse runs in the
+reference interpreter. Each host step carries its op and the reason, for the report;
+nothing is dropped silently.
+
+`lower(program)` returns a KernelGraph (apsat/backends/gpu/graph.py): the steps in
+execution order, the buffers they read and write, and which buffer holds each program
+output. The matmul and reduction kernels themselves are described in regions.py.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from apsat.backends.gpu import tiling
+from apsat.backends.gpu.expr import flat, value_nodes, var
+from apsat.backends.gpu.graph import Buffer, HostStep, Kernel, KernelGraph
+from apsat.backends.gpu.regions import MATRIX_ATOMS, REDUCTIONS, covered_ops, natural
+from apsat.backends.gpu.views import (
+    ELEMENTWISE,
+    Unsupported,
+    Values,
+    dims_of,
+    epilogue_path,
+    invert_path,
+    is_elementwise,
+    n_iter,
+)
+from apsat.egraph.program import Program
+from apsat.egraph.term import Term
+
+# Arithmetic per evaluation of a kernel function (the figures of apsat/extract/workload.py).
+FN_FLOPS = {"add": 1, "sub": 1, "mul": 1, "div": 1, "max": 1, "min": 1, "neg": 1, "abs": 1,
+            "recip": 1, "sqrt": 4, "exp": 4, "log": 4, "erf": 8, "tanh": 8, "sigmoid": 6,
+            "pow": 4}
+
+
+# ---- analysis ---------------------------------------------------------------------------------
+
+def _uses(program: Program, order: list[Term]):
+    """Consumer slots per term (an output counts as one) and each term's (parent, slot)."""
+    uses: dict[Term, int] = {}
+    parents: dict[Term, list] = {}
+    for t in order:
+        for slot, c in enumerate(t.children()):
+            uses[c] = uses.get(c, 0) + 1
+            parents.setdefault(c, []).append((t, slot))
+    for t in program.outputs.values():
+        uses[t] = uses.get(t, 0) + 1
+    return uses, parents
+
+
+def _is_kernel_op(t: Term) -> bool:
+    return t.op in MATRIX_ATOMS or (t.op == "compute" and t.args[0].op in REDUCTIONS)
+
+
+def _is_view(t: Term) -> bool:
+    return t.op not in ("compute", "opaque", "access-tensor", "access-literal") \
+        and t.op not in MATRIX_ATOMS
+
+
+def _consumer(t: Term, uses, parents, outputs):
+    """The first non-view consumer of t and the slot it reads t's data through, if t's
+    value reaches exactly one consumer (through single-use views), else None."""
+    if t in outputs or uses.get(t, 0) != 1:
+        return None
+    p, slot = parents[t][0]
+    while _is_view(p):
+        if p in outputs or uses.get(p, 0) != 1:
+            return None
+        p, slot = parents[p][0]
+    return p, slot
+
+
+def _ident(name: str, taken: set) -> str:
+    """An identifier for a tensor name, unique among `taken`."""
+    base = re.sub(r"\W", "_", name) or "t"
+    if base[0].isdigit() or base in ("out", "acc", "tl", "triton"):
+        base = "in_" + base
+    cand, k = base, 1
+    while cand in taken:
+        cand, k = f"{base}_{k}", k + 1
+    taken.add(cand)
+    return cand
+
+
+# ---- the lowering -------------------------------------------------------------------------------
+
+def lower(program: Program, tiles: dict | None = None) -> KernelGraph:
+    """The kernel graph of `program` (see the module doc).
+
+    tiles: optional tile parameters, by kernel name or by kind ("gemm", "reduce",
+    "elementwise"), each a dict such as {"BM": 32, "BN": 32, "BK": 16}; missing ones come
+    from the search in apsat/backends/gpu/tiling.py."""
+    return _Lowering(program, tiles or {}).run()
+
+
+class _Lowering:
+    def __init__(self, program: Program, tiles: dict):
+        self.p, self.tiles = program, tiles
+        self.order = program.terms()
+        self.uses, self.parents = _uses(program, self.order)
+        self.outputs = set(program.outputs.values())
+        self.buffers: dict[str, Buffer] = {}
+        self.term_buf: dict[Term, tuple[str, tuple]] = {}   # materialised term -> (name, dims)
+        self.steps: list = []
+        self._names: set = set()
+
+    # -- classification
+    def _inline(self, t: Term) -> bool:
+        """Element-wise t is computed inside its consumer: the consumer is element-wise, or
+        t is the bias of a fused matmul (read once per output element in the epilogue)."""
+        c = _consumer(t, self.uses, self.parents, self.outputs)
+        if c is None:
+            return False
+        p, slot = c
+        return is_elementwise(p) or (p.op in ("fused-dot-bias", "fused-dot-bias-act") and slot == 2)
+
+    def _new_buffer(self, dims, kind, tensor=None, name=None) -> str:
+        name = _ident(name or f"t{len(self.buffers)}", self._names)
+        self.buffers[name] = Buffer(name, tuple(dims), kind, tensor)
+        return name
+
+    def run(self) -> KernelGraph:
+        p = self.p
+        roots = []       # materialised terms that need a step, in order
+        for t in self.order:
+            if t.op == "access-tensor":
+                name = self._new_buffer(p.tensor_shapes[t.args[0]], "input", t.args[0], t.args[0])
+                self.term_buf[t] = (name, dims_of(p, t))
+            elif t.op == "opaque" or _is_kernel_op(t) or (is_elementwise(t) and not self._inline(t)):
+                roots.append(t)
+        root_set = set(roots)
+        claimed: dict[Term, tuple] = {}     # chain root -> (producer, path)
+        producers: set = set()
+        for t in roots:     # each point-wise chain root may ride on one producer's epilogue
+            if is_elementwise(t) and t.args[0].op in ELEMENTWISE - {"lrn"}:
+                found = epilogue_path(p, t, lambda q: (q in root_set and _is_kernel_op(q)
+                                                       and self.uses.get(q) == 1
+                                                       and q not in self.outputs
+                                                       and q not in producers),
+                                      self.uses, root_set)   # the path stops at any root
+                if found:
+                    claimed[t] = found
+                    producers.add(found[0])
+        for t in roots:
+            if t in producers:
+                continue
+            if t in claimed:
+                producer, path = claimed[t]
+                self._step(t, producer, path)
+            else:
+                self._step(t, None, None)
+        outputs = {}
+        for name, t in p.outputs.items():
+            if t in self.term_buf and self.buffers[self.term_buf[t][0]].kind != "input":
+                outputs[name] = self.term_buf[t][0]
+            else:                      # a view (or an input itself): copy it out
+                outputs[name] = self._copy(t, name)
+        return KernelGraph(self.steps, self.buffers, outputs)
+
+    # -- steps
+    def _step(self, t: Term, producer, path):
+        """Build the step computing t (with `producer`'s kernel computing it in its
+        epilogue when given); a term no kernel can express becomes a host step."""
+        if t.op == "opaque":
+            self._host(t, "onnxruntime", f"ONNX {_onnx_op(self.p, t)} is outside the language "
+                                         "(an opaque call): no kernel is generated for it")
+            return
+        try:
+            if producer is not None:
+                try:
+                    self._kernel(producer, t, path)
+                    return
+                except Unsupported:
+                    self._step(producer, None, None)     # un-fuse: producer, then the chain
+            self._kernel(t, None, None)
+        except Unsupported as e:
+            self._host(t, "reference", str(e))
+
+    def _name(self, kind: str, t: Term) -> str:
+        label = t.args[0].op if t.op == "compute" else (
+            t.args[0].op if t.op == "fused-dot-bias-act" else t.op)
+        return f"k{len(self.steps):02d}_{kind}_{re.sub(r'[^a-z0-9]+', '_', label)}"
+
+    def _finish(self, kernel: Kernel, vals: Values, out_term: Term | None, out_dims):
+        """Register the kernel's output buffer and figures and append it."""
+        biggest = max([math.prod(out_dims)] + [math.prod(d) for d in vals.read.values()])
+        if biggest >= 2 ** 31:
+            raise Unsupported(f"a buffer of {biggest:,} elements needs 64-bit indexing, "
+                              "which the generated kernels do not use")
+        out = self._new_buffer(out_dims, "kernel")
+        if out_term is not None:
+            self.term_buf[out_term] = (out, tuple(out_dims))
+        kernel.out = out
+        kernel.reads = list(vals.read)
+        kernel.elements_read = float(sum(math.prod(d) for d in vals.read.values()))
+        kernel.elements_written = float(math.prod(out_dims))
+        self._tile(kernel)
+        self.steps.append(kernel)
+
+    def _tile(self, k: Kernel):
+        given = self.tiles.get(k.name) or self.tiles.get(k.kind)
+        a = {g: math.prod(d) for g, d in k.axes.items()}
+        if k.kind == "gemm":
+            k.tiles = dict(given) if given else tiling.gemm_tiles(a["b"], a["m"], a["n"], a["k"])
+        elif k.kind == "reduce":
+            k.tiles = dict(given) if given else tiling.reduce_tiles(a["r"], a["c"], k.bytes)
+        else:
+            k.tiles = dict(given) if given else tiling.elementwise_tiles(a["o"], k.bytes)
+
+    def _host(self, t: Term, runner: str, reason: str):
+        """A host step for t: its materialised descendants become named tensors."""
+        shapes, reads = {}, []
+        memo: dict = {}
+
+        def sub(term):
+            if term in memo:
+                return memo[term]
+            if term in self.term_buf:
+                name, dims = self.term_buf[term]
+                if name not in shapes:
+                    shapes[name] = dims
+                    reads.append(name)
+                r = Term("access", (Term("access-tensor", (name,)), n_iter(self.p, term)))
+            else:
+                args = []
+                for a in term.args:
+                    if isinstance(a, Term) and a in set(term.children()):
+                        args.append(sub(a))
+                    elif isinstance(a, tuple) and a and all(isinstance(x, Term) for x in a):
+                        args.append(tuple(sub(x) for x in a))
+                    else:
+                        args.append(a)
+                r = Term(term.op, tuple(args))
+            memo[term] = r
+            return r
+
+        root = Term(t.op, tuple(sub(a) if isinstance(a, Term) and a in set(t.children()) else
+                                (tuple(sub(x) for x in a) if isinstance(a, tuple) and a and
+                                 all(isinstance(x, Term) for x in a) else a) for a in t.args))
+        keys = {u.args[0] for u in memo.values() if u.op == "opaque"} | (
+            {t.args[0]} if t.op == "opaque" else set())
+        prog = Program({"out": root}, shapes, {k: self.p.opaque_nodes[k] for k in keys
+                                               if k in self.p.opaque_nodes})
+        out = self._new_buffer(dims_of(self.p, t), "host")
+        self.term_buf[t] = (out, dims_of(self.p, t))
+        label = f"opaque {_onnx_op(self.p, t)}" if t.op == "opaque" else t.op
+        name = f"h{len(self.steps):02d}_{re.sub(r'[^a-z0-9]+', '_', label.lower())}"
+        self.steps.append(HostStep(name, out, reads, prog, label, runner, reason))
+
+    def _copy(self, t: Term, output_name: str) -> str:
+        """An element-wise kernel materialising a view (or input) that is a program output."""
+        d = dims_of(self.p, t)
+        idx = tuple(var(f"o{k}", n) for k, n in enumerate(d))
+        vals = Values(self.p, self.term_buf)
+        k = Kernel(f"k{len(self.steps):02d}_elementwise_copy", "elementwise", "", [],
+                   {"o": d}, {"out": vals.value(t, idx)}, None, [f"copy of output {output_name}"])
+        k.flops = 0.0
+        self._finish(k, vals, None, d)
+        return k.out
+
+    def _kernel(self, t: Term, chain: Term | None, path):
+        """The kernel computing t; with `chain`, the kernel stores chain's value instead
+        (t's result is the chain's operand reached through `path`)."""
+        p = self.p
+        buffers = dict(self.term_buf)
+        if is_elementwise(t):
+            d = dims_of(p, t)
+            idx = tuple(var(f"o{k}", n) for k, n in enumerate(d))
+            vals = Values(p, buffers)
+            out = vals._compute(t, idx, ())
+            k = Kernel(self._name("elementwise", t), "elementwise", "", [], {"o": d},
+                       {"out": out}, None, covered_ops(p, t, buffers))
+            k.flops = _ops(out) * math.prod(d)
+            self._finish(k, vals, t, d)
+            return
+        spec = natural(p, t, buffers)
+        out_term, out_dims = t, dims_of(p, t)
+        covers = spec.pop("covers")
+        if chain is not None:
+            o = invert_path(p, path, spec["p"])
+            vals = Values(p, buffers, {t: spec["post"]})
+            value = vals.value(chain, o)
+            store, out_term, out_dims = flat(o, dims_of(p, chain)), chain, dims_of(p, chain)
+            covers = covers + covered_ops(p, chain, buffers, stop=t)
+        else:
+            vals, value, store = spec["vals"], spec["post"], flat(spec["p"], out_dims)
+        # the operand reads first, so kernel arguments follow the data flow
+        reads = dict(spec["vals"].read)
+        reads.update(vals.read)
+        vals.read = reads
+        kind = spec["kind"]
+        values = dict(spec["values"], out=value)
+        k = Kernel(self._name(kind, t), kind, "", [], spec["axes"], values, store, covers,
+                   op=spec.get("op", ""), eps=spec.get("eps", 0.0))
+        out_elems = math.prod(out_dims)
+        a = {g: math.prod(dd) for g, dd in spec["axes"].items()}
+        if kind == "gemm":
+            k.flops = 2.0 * a["b"] * a["m"] * a["n"] * a["k"] + _ops(value) * out_elems
+        else:
+            per = 1 + _ops(values["elem"]) + (2 if spec["op"] in ("softmax", "layer-norm") else 0)
+            k.flops = float(a["r"] * a["c"] * per + _ops(value) * out_elems)
+        self._finish(k, vals, out_term, out_dims)
+
+
+def _onnx_op(program, t: Term) -> str:
+    """The ONNX op type behind an opaque call ("?" if its node is missing)."""
+    node = program.opaque_nodes.get(t.args[0])
+    if node is None:
+        return "?"
+    import onnx
+
+    return onnx.NodeProto.FromString(node.node).op_type
+
+
+def _ops(value) -> int:
+    """Arithmetic of one evaluation of a value expression (shared parts counted once)."""
+    return sum(FN_FLOPS.get(v[1], 1) for v in value_nodes(value) if v[0] == "call") \
+        + sum(1 for v in value_nodes(value) if v[0] == "where")
+
+
+__all__ = ["Buffer", "HostStep", "Kernel", "KernelGraph", "Unsupported", "lower"]

@@ -1,0 +1,382 @@
+"""Triton code generation for the kernel graph, ahead-of-time compilation, and `run`.
+
+Each kernel becomes one Python file holding one `@triton.jit` function. Every size and
+stride is a compile-time constant (the loop bounds and tile sizes are `tl.constexpr`
+parameters, the per-axis strides are literals in the index arithmetic), so Triton
+specialises the kernel to the model's shapes; edges that are not multiples of a tile are
+masked. Each file also carries `launch(out, *inputs)` (grid and constants filled in) and
+`SIGNATURE`/`CONSTEXPRS` for compiling it without a GPU.
+
+Kernels compute in fp32: matrix products use `tl.dot(..., input_precision="ieee")` (never
+tf32), square roots `sqrt_rn`, and element-wise arithmetic is not contracted into FMAs
+(`enable_fp_fusion=False`, Triton 3.10's default), so epilogues round like the reference. The epilogue of a matmul or reduction is the kernel
+graph's value for the element, stored where the graph says (through the inverse of the
+consumer's view path).
+
+`run(program, inputs)` lowers, writes the kernels and a runner module into a cache folder
+(apsat/backends/gpu/runner.py writes it), and launches them on torch tensors: on the GPU
+when torch sees one, else under the Triton interpreter (TRITON_INTERPRET=1, set here when
+no GPU is present), which is how the tests check every kernel on a CPU.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from apsat.backends.gpu.emit import Dialect, axis_defs, emit, used_vars
+from apsat.backends.gpu.expr import var
+from apsat.backends.gpu.graph import Kernel
+
+IDENTITY = {"sum": "0.0", "mean": "0.0", "max": 'float("-inf")'}
+
+
+class TritonDialect(Dialect):
+    """Values as Triton tensor expressions. `base_mask` names the mask of the section
+    being emitted (lanes past a tile's edge); loads that depend on a loop variable use it."""
+
+    floordiv = "//"
+
+    def __init__(self, base_mask: str):
+        self.base_mask = base_mask
+        self.helpers: set[str] = set()
+
+    def const(self, v: float) -> str:
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        if math.isnan(v):
+            return 'float("nan")'
+        return repr(float(np.float32(v)))
+
+    def load(self, buf, offset, conds, varying):
+        masks = ([self.base_mask] if varying else []) + conds
+        if not masks:
+            return f"tl.load({buf}_ptr + {offset})"
+        return f"tl.load({buf}_ptr + {offset}, mask={' & '.join(masks)}, other=0.0)"
+
+    def call(self, fn, a, nodes=()):
+        if fn == "pow" and len(nodes) == 2 and nodes[1][0] == "const":
+            e = nodes[1][1]        # a literal exponent: its parity is known here
+            integral = float(e).is_integer()
+            self.helpers.add("powc")
+            return f"_powc({a[0]}, {a[1]}, {integral}, {integral and int(e) % 2 == 1})"
+        simple = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
+                  "div": "({0} / {1})", "neg": "(-{0})", "max": "tl.maximum({0}, {1})",
+                  "min": "tl.minimum({0}, {1})", "sqrt": "tl.sqrt_rn({0})", "exp": "tl.exp({0})",
+                  "erf": "tl.math.erf({0})", "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))",
+                  "abs": "tl.abs({0})",
+                  "log": "tl.log({0})", "recip": "(1.0 / {0})"}
+        if fn in simple:
+            return simple[fn].format(*a)
+        self.helpers.add(fn)       # tanh and pow: not in the interpreter's tl.math
+        return f"_{fn}({', '.join(a)})"
+
+    def where(self, cond, a, b):
+        return f"tl.where({cond}, {a}, {b})"
+
+    def assign(self, name, text):
+        return f"{name} = {text}"
+
+
+# Generated kernels call Triton builtins and the helpers below only, never the @jit
+# functions of triton.language.standard (tl.zeros, tl.sum, tl.max, tl.sigmoid): those are compiled
+# or interpreted depending on TRITON_INTERPRET when triton is first imported, and a kernel
+# interpreted on the CPU cannot call a compiled one; the helpers live in the kernel's own
+# file, loaded after the runner sets TRITON_INTERPRET.
+HELPERS = {
+    "sum": '''@triton.jit
+def _add(a, b):
+    return a + b
+''',
+    "max": '''@triton.jit
+def _max(a, b):
+    return tl.maximum(a, b)
+''',
+    "tanh": '''@triton.jit
+def _tanh(x):
+    # tanh from exp(-2|x|): no overflow; absolute error ~1e-7 near 0
+    t = tl.exp(-2.0 * tl.abs(x))
+    y = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0, -y, y)
+''',
+    "powc": '''@triton.jit
+def _powc(a, b: tl.constexpr, INTEGRAL: tl.constexpr, ODD: tl.constexpr):
+    # a ** b for a literal b (not 0, 0.5, 1, 2, 3: those are multiplications or sqrt)
+    r = tl.math.exp2(b * tl.math.log2(tl.abs(a)))
+    if ODD:
+        r = tl.where(a < 0, -r, r)
+    if not INTEGRAL:
+        r = tl.where(a < 0, float("nan"), r)
+    return r
+''',
+    "pow": '''@triton.jit
+def _pow(a, b):
+    # a ** b as numpy's float32 power: sign for odd integer exponents, nan for a negative
+    # base with a fractional one, 1 for b == 0
+    a = a + tl.full(b.shape, 0.0, tl.float32)
+    r = tl.math.exp2(b * tl.math.log2(tl.abs(a)))
+    bi = tl.math.floor(b)
+    odd = (bi == b) & ((bi - 2.0 * tl.math.floor(bi * 0.5)) == 1.0)
+    r = tl.where((a < 0) & odd, -r, r)
+    r = tl.where((a < 0) & (bi != b), float("nan"), r)
+    return tl.where(b == 0.0, 1.0, r)
+''',
+}
+
+
+def _indent(lines, n=1):
+    return ["    " * n + ln for ln in lines]
+
+
+def _params(k: Kernel) -> list[str]:
+    return ["out_ptr"] + [f"{r}_ptr" for r in k.reads]
+
+
+def _build(k: Kernel):
+    return {"elementwise": _elementwise, "gemm": _gemm, "reduce": _reduce}[k.kind](k)
+
+
+def launch_plan(k: Kernel) -> dict:
+    """{"grid": the launch grid, "constexprs": the compile-time parameters} of kernel k."""
+    _, constexprs, grid, _ = _build(k)
+    return {"grid": tuple(grid), "constexprs": constexprs}
+
+
+def kernel_source(k: Kernel) -> str:
+    """The Triton source file of kernel k (see the module doc for its contents)."""
+    body, constexprs, grid, d = _build(k)
+    helpers = "\n\n".join(HELPERS[h] for h in sorted(d.helpers))
+    params = _params(k) + [f"{c}: tl.constexpr" for c in constexprs]
+    cover = ", ".join(k.covers) or k.kind
+    tiles = ", ".join(f"{a}={b}" for a, b in k.tiles.items() if a != "modelled_us")
+    warps = int(k.tiles.get("num_warps", 4))
+    sig = {p: "*fp32" for p in _params(k)}
+    sig.update({c: "constexpr" for c in constexprs})
+    args = ", ".join(["out"] + k.reads)
+    return "\n".join([
+        f'"""{k.name}: {k.kind} kernel ({cover}).',
+        "",
+        "Generated by apsat. Sizes are specialised to the model: loop bounds and tiles are",
+        f"tl.constexpr parameters, strides are literals. Tiles: {tiles}.",
+        '"""',
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "",
+        helpers + ("\n\n" if helpers else "") + "@triton.jit",
+        f"def {k.name}({', '.join(params)}):",
+        *_indent(body),
+        "",
+        "",
+        f"CONSTEXPRS = {constexprs!r}",
+        f"SIGNATURE = {sig!r}",
+        f"GRID = {tuple(grid)!r}",
+        f"NUM_WARPS = {warps}",
+        f"KERNEL = {k.name}",
+        "",
+        "",
+        f"def launch({args}):",
+        f'    """Run {k.name}: writes out from {", ".join(k.reads) or "nothing"} (torch tensors)."""',
+        f"    {k.name}[GRID]({args}, **CONSTEXPRS, num_warps=NUM_WARPS, enable_fp_fusion=False)",
+        "",
+    ])
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _elementwise(k: Kernel):
+    dims = k.axes["o"]
+    n = math.prod(dims)
+    block = int(k.tiles["BLOCK"])
+    d = TritonDialect("mask")
+    lines = ["pid = tl.program_id(0)", "offs = pid * BLOCK + tl.arange(0, BLOCK)", "mask = offs < N"]
+    lines += axis_defs(d, "o", dims, var("offs", n), d.assign, used_vars(k.values["out"]))
+    vl, texts = emit(d, {"out": k.values["out"]}, {}, "v")
+    lines += vl
+    lines.append(f"tl.store(out_ptr + offs, {texts['out']}, mask=mask)")
+    return lines, {"N": n, "BLOCK": block}, (_cdiv(n, block),), d
+
+
+def _gemm(k: Kernel):
+    ax = k.axes
+    bsz, m, n, kk = (math.prod(ax[g]) for g in "bmnk")
+    t = k.tiles
+    bm, bn, bk = int(t["BM"]), int(t["BN"]), int(t["BK"])
+    d = TritonDialect("mask")
+    da, db = TritonDialect("mask_a"), TritonDialect("mask_b")
+    d.helpers = da.helpers = db.helpers
+    lines = ["pid_m = tl.program_id(0)", "pid_n = tl.program_id(1)", "pid_b = tl.program_id(2)",
+             "rm = pid_m * BM + tl.arange(0, BM)[:, None]",
+             "rn = pid_n * BN + tl.arange(0, BN)[None, :]"]
+    used = used_vars(*k.values.values(), k.store)
+    lines += axis_defs(d, "b", ax["b"], var("pid_b", bsz), d.assign, used)
+    lines += axis_defs(d, "m", ax["m"], var("rm", m), d.assign, used)
+    lines += axis_defs(d, "n", ax["n"], var("rn", n), d.assign, used)
+    lines.append("acc = tl.full((BM, BN), 0.0, tl.float32)")
+    loop = ["rka = ks + tl.arange(0, BK)[None, :]", "rkb = ks + tl.arange(0, BK)[:, None]",
+            "mask_a = (rm < M) & (rka < K)", "mask_b = (rkb < K) & (rn < N)"]
+    loop += axis_defs(d, "ka", ax["k"], var("rka", kk), d.assign, used)
+    loop += axis_defs(d, "kb", ax["k"], var("rkb", kk), d.assign, used)
+    la, ta = emit(da, {"a": k.values["a"]}, {}, "va")
+    lb, tb = emit(db, {"b": k.values["b"]}, {}, "vb")
+    loop += la + [f"a = tl.where(mask_a, {ta['a']}, 0.0)"]
+    loop += lb + [f"b = tl.where(mask_b, {tb['b']}, 0.0)"]
+    loop.append('acc += tl.dot(a, b, input_precision="ieee")')
+    lines += ["for ks in range(0, K, BK):"] + _indent(loop)
+    lines.append("mask = (rm < M) & (rn < N)")
+    le, te = emit(d, {"out": k.values["out"]}, {"acc": "acc"}, "ve")
+    lines += le
+    lines.append(f"tl.store(out_ptr + {d.ix(k.store)}, {te['out']}, mask=mask)")
+    consts = {"BATCH": bsz, "M": m, "N": n, "K": kk, "BM": bm, "BN": bn, "BK": bk}
+    return lines, consts, (_cdiv(m, bm), _cdiv(n, bn), bsz), d
+
+
+def _reduce(k: Kernel):
+    rows, cols = math.prod(k.axes["r"]), math.prod(k.axes["c"])
+    br, bc = int(k.tiles["BR"]), int(k.tiles["BC"])
+    d = TritonDialect("mask")
+    lines = ["pid = tl.program_id(0)", "rr = pid * BR + tl.arange(0, BR)[:, None]",
+             "row_mask = rr < ROWS"]
+    used = used_vars(*k.values.values(), k.store)
+    lines += axis_defs(d, "r", k.axes["r"], var("rr", rows), d.assign, used)
+
+    def chunk(tag, use):
+        """A loop over the row in BC-column chunks: x{tag} is the element, `use` consumes it."""
+        body = ["cc = cs + tl.arange(0, BC)[None, :]", "mask = row_mask & (cc < COLS)"]
+        body += axis_defs(d, "c", k.axes["c"], var("cc", cols), d.assign, used)   # all: harmless
+        el, te = emit(d, {"x": k.values["elem"]}, {}, f"x{tag}_")
+        body += el + [f"x = {te['x']}"] + use
+        return ["for cs in range(0, COLS, BC):"] + _indent(body)
+
+    def finish(syms, store_mask):
+        de = TritonDialect(store_mask)      # per-row results: loads masked by the row
+        de.helpers = d.helpers
+        el, te = emit(de, {"out": k.values["out"]}, syms, "ve")
+        return el + [f"tl.store(out_ptr + {d.ix(k.store)}, {te['out']}, mask={store_mask})"]
+
+    op = k.op
+    if op in ("sum", "mean", "max"):
+        ident = IDENTITY[op]
+        comb = "tl.maximum(part, x)" if op == "max" else "part + x"
+        lines.append(f"part = tl.full((BR, BC), {ident}, tl.float32)")
+        lines += chunk("a", [f"x = tl.where(mask, x, {ident})", f"part = {comb}"])
+        red = "tl.reduce(part, 1, _max)" if op == "max" else "tl.reduce(part, 1, _add)"
+        d.helpers.add("max" if op == "max" else "sum")
+        lines.append(f"acc = {red}[:, None]" + (" / COLS" if op == "mean" else ""))
+        lines += finish({"acc": "acc"}, "row_mask")
+    elif op == "softmax":
+        lines.append('part = tl.full((BR, BC), float("-inf"), tl.float32)')
+        lines += chunk("a", ['part = tl.maximum(part, tl.where(mask, x, float("-inf")))'])
+        d.helpers.update({"max", "sum"})
+        lines.append("mx = tl.reduce(part, 1, _max)[:, None]")
+        lines.append("part = tl.full((BR, BC), 0.0, tl.float32)")
+        lines += chunk("b", ["part += tl.where(mask, tl.exp(x - mx), 0.0)"])
+        lines.append("total = tl.reduce(part, 1, _add)[:, None]")
+        lines += chunk("c", ["acc = tl.exp(x - mx) / total"] + finish({"acc": "acc"}, "mask"))
+    elif op == "layer-norm":
+        lines.append("part = tl.full((BR, BC), 0.0, tl.float32)")
+        lines += chunk("a", ["part += tl.where(mask, x, 0.0)"])
+        d.helpers.add("sum")
+        lines.append("mean = tl.reduce(part, 1, _add)[:, None] / COLS")
+        lines.append("part = tl.full((BR, BC), 0.0, tl.float32)")
+        lines += chunk("b", ["part += tl.where(mask, (x - mean) * (x - mean), 0.0)"])
+        lines.append(f"rstd_den = tl.sqrt_rn(tl.reduce(part, 1, _add)[:, None] / COLS + {d.const(k.eps)})")
+        lines += chunk("c", ["acc = (x - mean) / rstd_den"] + finish({"acc": "acc"}, "mask"))
+    else:
+        raise AssertionError(op)
+    return lines, {"ROWS": rows, "COLS": cols, "BR": br, "BC": bc}, (_cdiv(rows, br),), d
+
+
+# ---- ahead-of-time compilation (no GPU needed) ---------------------------------------------
+
+def aot_compile(path, capability: int = 90) -> dict:
+    """Compile the kernel file at `path` for GPUTarget("cuda", capability, 32) without a
+    GPU. Returns {"cubin": bytes, "ptx": str, "shared_bytes", "registers", "spills",
+    "num_warps"} (registers and spills from the cubin's resource usage, via the cuobjdump
+    Triton ships; None where it is missing), or {"error": one line} when compilation
+    fails."""
+    import importlib.util
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"        # a JITFunction, not the interpreter's
+    try:
+        spec = importlib.util.spec_from_file_location(f"_apsat_aot_{abs(hash(str(path)))}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        src = ASTSource(mod.KERNEL, signature=mod.SIGNATURE,
+                        constexprs={k: v for k, v in mod.CONSTEXPRS.items()})
+        compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32),
+                                  options={"num_warps": mod.NUM_WARPS, "enable_fp_fusion": False})
+    except Exception as e:  # noqa: BLE001 -- a compiler error is a figure for the report, not a crash
+        return {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"}
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    cubin = compiled.asm.get("cubin")
+    usage = resource_usage(cubin) if cubin else {}
+    return {"cubin": cubin, "ptx": compiled.asm.get("ptx"), "num_warps": mod.NUM_WARPS,
+            "shared_bytes": int(compiled.metadata.shared) + int(usage.get("static_shared", 0) or 0),
+            "registers": usage.get("registers"), "spills": usage.get("local")}
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """Registers, static shared memory and local memory (spills) of the first function in
+    a cubin, from `cuobjdump --dump-resource-usage` (Triton's bundled copy or one on PATH);
+    {} when no cuobjdump is available."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    tool = None
+    try:
+        import triton
+
+        cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        tool = str(cand) if cand.exists() else None
+    except ImportError:
+        pass
+    tool = tool or shutil.which("cuobjdump")
+    if tool is None:
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                             check=False)
+    m = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", res.stdout)
+    if not m:
+        return {}
+    return {"registers": int(m.group(1)), "static_shared": int(m.group(2)), "local": int(m.group(3))}
+
+
+# ---- running ---------------------------------------------------------------------------------
+
+def run(program, inputs: dict, *, tiles: dict | None = None, device=None, directory=None):
+    """Run `program` with its kernels; the contract of apsat.backends.reference.evaluate.
+
+    inputs: every tensor the program reads (numpy arrays or torch tensors). Returns one
+    float32 numpy array for a single-output program, else {output name: array}.
+    tiles: tile overrides (apsat.backends.gpu.lower.lower). device: a torch device; by
+    default "cuda" when torch sees a GPU, else the CPU under the Triton interpreter.
+    directory: where the generated kernels and runner go (default: a cache folder keyed
+    by their content)."""
+    from apsat.backends.gpu.lower import lower
+    from apsat.backends.gpu.runner import load_runner, write_sources
+
+    graph = lower(program, tiles)
+    path = write_sources(graph, directory)
+    outputs = load_runner(path).run(inputs, device=device)
+    result = {name: outputs[name].detach().cpu().numpy().astype(np.float32, copy=False)
+              for name in program.outputs}
+    return next(iter(result.values())) if len(result) == 1 else result

@@ -1,0 +1,334 @@
+"""Terms to kernel expressions: access patterns become indexing, element-wise ops inline.
+
+On the GPU no view is ever copied: `Values(...).value(term, idx)` is the value of `term` at
+the index tuple `idx` (one Ix per dim of iterated ++ item), written as loads from the
+buffers underneath. A transpose permutes the index, a reshape re-linearises it, windows
+add the window offset to the output position times the stride, a slice adds its start,
+a broadcast pins size-1 axes to 0, padding and concatenation become conditions (a padded
+element is the pad value, never a load), a pair or cartesian product picks an operand by
+the pair axis. Element-wise compute operators that the lowering chose to inline (a chain
+of adds, multiplies and activations) become arithmetic on their operands' values.
+
+`epilogue_path` and `invert_path` let a kernel (matmul or reduction) compute an
+element-wise consumer chain in its epilogue: the path from the chain's root down to the
+kernel must consist of point-wise steps and bijective views, so the kernel can work out,
+for each element it produced, where the chain's result for that element goes.
+"""
+from __future__ import annotations
+
+import math
+
+from apsat.backends.gpu.expr import (
+    Ix,
+    add,
+    call,
+    const,
+    fconst,
+    flat,
+    ge,
+    lt,
+    mul,
+    unflat,
+    where,
+)
+from apsat.egraph.term import Term
+from apsat.errors import ApsatError
+
+# Element-wise compute operators: one output element from the same element of the
+# operand(s). POINTWISE may lie on an epilogue path; lrn reads channel neighbours, so it
+# inlines into a kernel but cannot be a step of such a path.
+UNARY_OPS = frozenset({"relu", "negative", "sqrt", "exp", "erf", "tanh", "sigmoid", "clip", "gelu"})
+NARY_OPS = frozenset({"elementwise-add", "elementwise-mul", "elementwise-sub",
+                      "elementwise-div", "elementwise-pow", "select"})
+POINTWISE = UNARY_OPS | NARY_OPS
+ELEMENTWISE = POINTWISE | {"lrn"}
+SQRT2 = float(math.sqrt(2.0))
+
+
+class Unsupported(ApsatError):
+    """The GPU target cannot express a term; the lowering turns it into a host step."""
+
+
+def dims_of(program, term: Term) -> tuple[int, ...]:
+    """All dims (iterated ++ item) of a term's access shape."""
+    it, item = program.shape_of(term)
+    return tuple(it) + tuple(item)
+
+
+def n_iter(program, term: Term) -> int:
+    """Number of iterated dims of a term's access shape."""
+    return len(program.shape_of(term)[0])
+
+
+def is_elementwise(term: Term) -> bool:
+    """A compute term whose operator is element-wise (may be inlined into a kernel)."""
+    return term.op == "compute" and term.args[0].op in ELEMENTWISE
+
+
+class Values:
+    """Builds value expressions inside one kernel.
+
+    buffers: term -> (buffer name, dims) for every materialised term (inputs, kernel and
+    host-step results) the kernel may load from; fused: term -> value expression for the
+    one producer whose result the kernel holds in registers (the epilogue case)."""
+
+    def __init__(self, program, buffers: dict, fused: dict | None = None):
+        self.program, self.buffers, self.fused = program, buffers, dict(fused or {})
+        self.read: dict[str, tuple] = {}        # buffer name -> dims, in first-read order
+        self._memo: dict = {}
+
+    def dims(self, term):
+        return dims_of(self.program, term)
+
+    def value(self, term: Term, idx: tuple, conds: tuple = ()):
+        """The value of `term` at index tuple `idx`; `conds` are the conditions under which
+        the element is really read (padding), carried into every load below."""
+        key = (term, idx, conds)
+        if key not in self._memo:
+            self._memo[key] = self._value(term, tuple(idx), conds)
+        return self._memo[key]
+
+    def _value(self, t: Term, idx: tuple, conds: tuple):
+        if t in self.fused:
+            return self.fused[t]
+        if t in self.buffers:
+            name, dims = self.buffers[t]
+            self.read.setdefault(name, dims)
+            return ("load", name, flat(idx, dims), conds)
+        op = t.op
+        if op == "access-literal":
+            return fconst(t.args[0])
+        if op == "access":
+            return self.value(t.args[0], idx, conds)
+        child = t.args[0] if t.args and isinstance(t.args[0], Term) else None
+        if op == "access-transpose":
+            c = [None] * len(idx)
+            for k, p in enumerate(t.args[1]):
+                c[p] = idx[k]
+            return self.value(child, tuple(c), conds)
+        if op in ("access-reshape", "access-flatten"):
+            cd, d = self.dims(child), self.dims(t)
+            c = idx if cd == d else unflat(flat(idx, d), cd)
+            return self.value(child, c, conds)
+        if op == "access-squeeze":
+            a = t.args[1]
+            return self.value(child, idx[:a] + (const(0),) + idx[a:], conds)
+        if op == "access-insert-axis":
+            a = t.args[1]
+            return self.value(child, idx[:a] + idx[a + 1:], conds)
+        if op == "access-slice":
+            _, axis, lo, _hi = t.args
+            return self.value(child, idx[:axis] + (add(idx[axis], lo),) + idx[axis + 1:], conds)
+        if op == "access-broadcast":
+            cd, d = self.dims(child), self.dims(t)
+            return self.value(child, tuple(const(0) if c == 1 and n != 1 else i
+                                           for i, c, n in zip(idx, cd, d)), conds)
+        if op in ("access-windows", "access-dilated-windows"):
+            return self._windows(t, idx, conds)
+        if op == "access-pad":
+            return self._pad(t, idx, conds)
+        if op == "access-concatenate":
+            return self._concatenate(t, idx, conds)
+        if op == "access-pair":
+            n = n_iter(self.program, t)
+            rest = idx[:n] + idx[n + 1:]
+            return self._pick(idx[n], lambda k: self.value(t.args[k], rest, conds))
+        if op == "access-cartesian-product":
+            a, b = t.args
+            na, nb = n_iter(self.program, a), n_iter(self.program, b)
+            item = idx[na + nb + 1:]
+            operands = (idx[:na] + item, idx[na:na + nb] + item)
+            return self._pick(idx[na + nb], lambda k: self.value(t.args[k], operands[k], conds))
+        if op == "compute" and t.args[0].op in ELEMENTWISE:
+            return self._compute(t, idx, conds)
+        raise Unsupported(f"{op} cannot be read as a view inside a kernel")
+
+    def _pick(self, k: Ix, operand):
+        """Operand 0 or 1 of a pair by the pair-axis index k (static where k is known)."""
+        if k.const is not None:
+            return operand(k.const)
+        return where(lt(k, 1), operand(0), operand(1))
+
+    def _windows(self, t, idx, conds):
+        child, window, wstrides = t.args[0], t.args[1], t.args[2]
+        dil = t.args[3] if t.op == "access-dilated-windows" else (1,) * len(window)
+        n, r = n_iter(self.program, child), len(window)
+        pos, win = idx[n:n + r], idx[n + r:]
+        inner = tuple(add(mul(p, s), mul(w, d)) for p, w, s, d in zip(pos, win, wstrides, dil))
+        return self.value(child, idx[:n] + inner, conds)
+
+    def _pad(self, t, idx, conds):
+        child, ptype, axis, before, _after = t.args
+        fill = fconst(0.0 if ptype.op == "zero-padding" else -math.inf)
+        ci = add(idx[axis], -before)
+        low, high = ge(ci, 0), lt(ci, self.dims(child)[axis])
+        if low is False or high is False:
+            return fill
+        inner_conds = conds + tuple(c for c in (low, high) if c is not True)
+        inner = self.value(child, idx[:axis] + (ci,) + idx[axis + 1:], inner_conds)
+        if inner[0] == "load" and fill == fconst(0.0):
+            return inner         # the load itself is skipped, and reads 0, where padded
+        return where(low, where(high, inner, fill), fill)
+
+    def _concatenate(self, t, idx, conds):
+        a, b, axis = t.args
+        da = self.dims(a)[axis]
+        first = lt(idx[axis], da)
+        shifted = idx[:axis] + (add(idx[axis], -da),) + idx[axis + 1:]
+        if first is True:
+            return self.value(a, idx, conds)
+        if first is False:
+            return self.value(b, shifted, conds)
+        return where(first, self.value(a, idx, conds + (first,)),
+                     self.value(b, shifted, conds + (("ge", idx[axis], da),)))
+
+    def _compute(self, t, idx, conds):
+        """An inlined element-wise operator, in the float32 steps the reference takes."""
+        opterm, x_term = t.args
+        name, params = opterm.op, opterm.args
+        if name in UNARY_OPS:
+            return unary(name, params, self.value(x_term, idx, conds))
+        n = n_iter(self.program, x_term)
+        if name == "lrn":
+            return self._lrn(x_term, n, params, idx, conds)
+        m = self.dims(x_term)[n]
+        ops = [self.value(x_term, idx[:n] + (const(k),) + idx[n:], conds) for k in range(m)]
+        return nary(name, ops)
+
+    def _lrn(self, x_term, axis, params, idx, conds):
+        """ONNX LRN over the channel axis: neighbours read at shifted indices, zero outside."""
+        size, alpha, beta, bias = params
+        channels = self.dims(x_term)[axis]
+        total = None
+        for off in range(-((size - 1) // 2), -(-(size - 1) // 2) + 1):
+            ci = add(idx[axis], off)
+            low, high = ge(ci, 0), lt(ci, channels)
+            if low is False or high is False:
+                continue
+            inner_conds = conds + tuple(c for c in (low, high) if c is not True)
+            v = self.value(x_term, idx[:axis] + (ci,) + idx[axis + 1:], inner_conds)
+            sq = where(low, where(high, call("mul", v, v), fconst(0.0)), fconst(0.0))
+            total = sq if total is None else call("add", total, sq)
+        scale = call("add", fconst(bias), call("mul", fconst(float(_f32(alpha / size))), total))
+        return call("div", self.value(x_term, idx, conds), pow_value(scale, fconst(beta)))
+
+
+def _f32(v: float) -> float:
+    import numpy as np
+
+    return float(np.float32(v))
+
+
+def unary(name: str, params: tuple, x):
+    """The value of a unary element-wise operator applied to x (the reference's steps)."""
+    if name == "relu":
+        return call("max", x, fconst(0.0))
+    if name == "negative":
+        return call("neg", x)
+    if name == "clip":
+        return call("min", call("max", x, fconst(_f32(params[0]))), fconst(_f32(params[1])))
+    if name == "gelu":     # x * (erf(x / sqrt 2) + 1) * 0.5, as reference._gelu rounds it
+        e = call("erf", call("div", x, fconst(_f32(SQRT2))))
+        return call("mul", call("mul", x, call("add", e, fconst(1.0))), fconst(0.5))
+    return call(name, x)
+
+
+def pow_value(a, b):
+    """a ** b; small constant exponents become multiplications (exact where the reference's
+    float32 power is: squares of signed values, as layer norms exported with Pow have)."""
+    if b[0] == "const":
+        e = b[1]
+        if e == 0.0:
+            return fconst(1.0)
+        if e == 1.0:
+            return a
+        if e == 2.0:
+            return call("mul", a, a)
+        if e == 3.0:
+            return call("mul", call("mul", a, a), a)
+        if e == 0.5:
+            return call("sqrt", a)
+        if e == -1.0:
+            return call("div", fconst(1.0), a)
+    return call("pow", a, b)
+
+
+def nary(name: str, ops: list):
+    """Fold the operands of an n-ary operator left to right, like the reference."""
+    if name == "select":
+        return where(("nz", ops[0]), ops[1], ops[2])
+    if name == "elementwise-pow":
+        return pow_value(ops[0], ops[1])
+    fn = {"elementwise-add": "add", "elementwise-mul": "mul", "elementwise-sub": "sub",
+          "elementwise-div": "div"}[name]
+    acc = ops[0]
+    for o in ops[1:]:
+        acc = call(fn, acc, o)
+    return acc
+
+
+# ---- epilogue paths ------------------------------------------------------------------------
+
+_SAME_INDEX_VIEWS = frozenset({"access"})
+_BIJECTIVE_VIEWS = frozenset({"access-reshape", "access-flatten", "access-squeeze",
+                              "access-insert-axis", "access-transpose"})
+
+
+def epilogue_path(program, root: Term, is_candidate, uses, buffers) -> tuple | None:
+    """(producer, steps) for the first kernel term a point-wise chain rooted at `root` reads
+    through point-wise steps and bijective views only, else None.
+
+    is_candidate(term): may this materialised term compute the chain in its epilogue?
+    uses: term -> number of consumer slots; every term strictly between root and the
+    producer must have one, so no other consumer needs the producer's own result.
+    steps: (parent, child index) pairs from root down to the producer, for invert_path."""
+    stack = [(root, None, ())]
+    while stack:
+        t, pending, steps = stack.pop()
+        if t is not root:
+            if t in buffers:
+                if pending is None and is_candidate(t):
+                    return t, steps
+                continue
+            if uses.get(t, 0) != 1:
+                continue
+        op = t.op
+        nxt = []
+        if op == "compute" and t.args[0].op in UNARY_OPS and pending is None:
+            nxt = [(1, None)]
+        elif op == "compute" and t.args[0].op in NARY_OPS and pending is None:
+            nxt = [(1, n_iter(program, t.args[1]))]
+        elif op in _SAME_INDEX_VIEWS:
+            nxt = [(0, pending)]
+        elif op == "access-pair" and pending == n_iter(program, t):
+            nxt = [(1, None), (0, None)]
+        elif op in _BIJECTIVE_VIEWS and pending is None:
+            nxt = [(0, None)]
+        for pos, pend in nxt:
+            stack.append((t.args[pos], pend, steps + ((t, pos),)))
+    return None
+
+
+def invert_path(program, steps: tuple, idx: tuple) -> tuple:
+    """The root's index tuple of the element the producer computes at `idx`."""
+    for parent, pos in reversed(steps):
+        op, child = parent.op, parent.args[pos]
+        if op == "compute" and parent.args[0].op in NARY_OPS:
+            n = n_iter(program, child)
+            idx = idx[:n] + idx[n + 1:]
+        elif op == "access-pair":
+            n = n_iter(program, parent)
+            idx = idx[:n] + (const(pos),) + idx[n:]
+        elif op in ("access-reshape", "access-flatten"):
+            cd, d = dims_of(program, child), dims_of(program, parent)
+            idx = idx if cd == d else unflat(flat(idx, cd), d)
+        elif op == "access-squeeze":
+            a = parent.args[1]
+            idx = idx[:a] + idx[a + 1:]
+        elif op == "access-insert-axis":
+            a = parent.args[1]
+            idx = idx[:a] + (const(0),) + idx[a:]
+        elif op == "access-transpose":
+            idx = tuple(idx[p] for p in parent.args[1])
+        # access and unary compute keep the index
+    return idx

@@ -1,0 +1,137 @@
+"""`write_kernels`: a program's GPU kernels on disk, compiled where the tools allow, and
+the figures a report shows for each.
+
+    DIR/runner.py               run(tensors, device=None) -> {output: torch.Tensor}
+    DIR/kernels/<k>.py          Triton source, one kernel each
+    DIR/kernels/<k>.cu          the same kernel in CUDA C++
+    DIR/kernels/<k>.cubin       nvcc -arch=sm_90 -cubin (when nvcc is on PATH)
+    DIR/kernels/<k>.triton.cubin  triton.compile for GPUTarget("cuda", 90, 32) (when triton
+                                  is installed; no GPU needed)
+    DIR/host_steps.pkl          the host steps' programs (when there are any)
+    DIR/kernels.json            what write_kernels returns
+
+Compilation failures do not raise: they are recorded per kernel ("error"), so a report
+can show them; tests assert on them.
+"""
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from apsat.backends.gpu.graph import KernelGraph
+from apsat.backends.gpu.lower import lower
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+def write_kernels(program, directory, *, tiles: dict | None = None, compile=True,
+                  graph: KernelGraph | None = None) -> dict:
+    """Write the kernels of `program` (an extracted Program for the gpu target) into
+    `directory` (created if needed) and return their figures.
+
+    compile: True compiles with every tool present (nvcc for the CUDA C, triton.compile
+    for the Triton sources); False writes sources only; or a collection naming the
+    tools to use, from {"cuda", "triton"}. tiles: tile overrides (see lower.lower).
+    graph: an already lowered kernel graph of `program`, to skip lowering again.
+
+    Returns a JSON-ready dict (also written to DIR/kernels.json):
+      "directory", "runner" (path of runner.py)
+      "kernels": one dict per kernel in launch order: "name", "kind" (gemm | reduce |
+          elementwise), "covers" (the ops fused into it), "reads" (buffers), "out",
+          "out_shape", "flops", "bytes" (ideal traffic: each buffer read once plus the
+          result), "modelled_us" (apsat/extract/cost_gpu.py's roofline of flops and bytes
+          on an H100), "tiles" (incl. the tile search's own "modelled_us"), "grid",
+          "triton": {"source", "cubin", "registers", "shared_bytes", "spills", "error"},
+          "cuda": {"source", "cubin", "registers", "shared_bytes", "spill_stores",
+                   "spill_loads", "grid", "block", "error"}
+          (figures None where the tool is missing; "error" None when it compiled)
+      "host_steps": "name", "op", "runner" (onnxruntime | reference), "reason", "reads",
+          "out", "bytes" (over PCIe), "modelled_us"
+      "totals": "kernels", "host_steps", "flops", "bytes", "modelled_us"
+      "tools": "nvcc" (path or None), "triton" (version or None), "notes" (why something
+          was not compiled)
+    """
+    from apsat.backends.gpu import cuda
+    from apsat.backends.gpu.runner import sources
+    from apsat.backends.gpu.triton import launch_plan
+
+    graph = graph or lower(program, tiles)
+    directory = Path(directory)
+    kdir = directory / "kernels"
+    kdir.mkdir(parents=True, exist_ok=True)
+    files = sources(graph)
+    for rel, content in files.items():
+        path = directory / rel
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    tools = {"cuda", "triton"} if compile is True else set(compile or ())
+    notes = []
+    nvcc = cuda.nvcc_path()
+    triton_version = _triton_version()
+    if "cuda" in tools and nvcc is None:
+        notes.append("nvcc not found: CUDA sources written, not compiled")
+    if "triton" in tools and triton_version is None:
+        notes.append("triton not installed: Triton sources written, not compiled ahead of time")
+
+    rows = []
+    cuda_jobs = {}
+    for k in graph.kernels:
+        src, launch = cuda.kernel_source(k)
+        cu = kdir / f"{k.name}.cu"
+        cu.write_text(src)
+        row = {"name": k.name, "kind": k.kind, "covers": k.covers, "reads": k.reads, "out": k.out,
+               "out_shape": list(graph.buffers[k.out].dims), "flops": k.flops, "bytes": k.bytes,
+               "modelled_us": k.modelled_us, "tiles": k.tiles, "grid": None,
+               "triton": {"source": f"kernels/{k.name}.py", "cubin": None, "registers": None,
+                          "shared_bytes": None, "spills": None, "error": None},
+               "cuda": {"source": f"kernels/{k.name}.cu", "cubin": None, "registers": None,
+                        "shared_bytes": None, "spill_stores": None, "spill_loads": None,
+                        "grid": list(launch["grid"]), "block": launch["block"], "error": None}}
+        row["grid"] = list(launch_plan(k)["grid"])
+        rows.append(row)
+        if "cuda" in tools and nvcc is not None:
+            cuda_jobs[k.name] = (src, cu)
+    if cuda_jobs:
+        # nvcc runs as a subprocess: compile in parallel, one job per core
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+            done = dict(zip(cuda_jobs, pool.map(lambda job: cuda.compile_cuda(*job), cuda_jobs.values())))
+        for row in rows:
+            res = done.get(row["name"])
+            if res is None:
+                continue
+            row["cuda"].update({"cubin": f"kernels/{row['name']}.cubin" if res["cubin"] else None,
+                                "registers": res["registers"], "shared_bytes": res["shared_bytes"],
+                                "spill_stores": res["spill_stores"], "spill_loads": res["spill_loads"],
+                                "error": None if res["ok"] else res["log"][-2000:]})
+    if "triton" in tools and triton_version is not None:
+        from apsat.backends.gpu.triton import aot_compile
+
+        for row in rows:
+            res = aot_compile(directory / row["triton"]["source"])
+            if "error" in res:
+                row["triton"]["error"] = res["error"]
+                continue
+            out = kdir / f"{row['name']}.triton.cubin"
+            out.write_bytes(res["cubin"])
+            row["triton"].update({"cubin": f"kernels/{out.name}", "registers": res["registers"],
+                                  "shared_bytes": res["shared_bytes"], "spills": res["spills"]})
+    host = [{"name": h.name, "op": h.op, "runner": h.runner, "reason": h.reason, "reads": h.reads,
+             "out": h.out, "bytes": h.bytes, "modelled_us": h.modelled_us} for h in graph.host_steps]
+    report = {
+        "directory": str(directory), "runner": str(directory / "runner.py"),
+        "kernels": rows, "host_steps": host,
+        "totals": {"kernels": len(rows), "host_steps": len(host),
+                   "flops": sum(r["flops"] for r in rows),
+                   "bytes": sum(r["bytes"] for r in rows) + sum(h["bytes"] for h in host),
+                   "modelled_us": sum(r["modelled_us"] for r in rows) + sum(h["modelled_us"] for h in host)},
+        "tools": {"nvcc": nvcc, "triton": triton_version, "notes": notes},
+    }
+    (directory / "kernels.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return report
