@@ -21,6 +21,8 @@ class OptimizeResult:
     program: Program
     model: object
     report: dict = field(default_factory=dict)
+    stream: object = None     # systolic targets: the compiled Stream (apsat.backends.systolic)
+    simulated: dict | None = None   # systolic targets: the simulator's outputs (name -> array)
 
     def run(self, inputs: dict) -> dict:
         """Evaluate the optimised program (reference interpreter) with the model's weights;
@@ -30,15 +32,28 @@ class OptimizeResult:
         out = evaluate(self.program, {**self.model.weights, **inputs})
         return out if isinstance(out, dict) else {next(iter(self.program.outputs)): out}
 
-    def write(self, out_dir) -> Path:
+    def write(self, out_dir, compile_kernels=True) -> Path:
         """Write report.json and program.txt (the program in DAG form, see
         syntax.to_dag_text; read back with syntax.parse_dag_text) into out_dir;
-        returns the report path."""
+        returns the report path. For a systolic target also instructions.txt (the
+        compiled instruction stream, apsat.backends.systolic) and simulated_outputs.npz
+        (the simulator's outputs on the seeded inputs); its cycle report and the
+        simulator's comparison with onnxruntime are in report.json under "systolic"."""
         from apsat.egraph.syntax import to_dag_text
 
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "program.txt").write_text(to_dag_text(self.program.outputs))
+        if self.report.get("target") == "gpu":
+            self.report["gpu_kernels"] = _gpu_kernels(self.program, out_dir, compile_kernels)
+        if self.stream is not None:
+            import numpy as np
+
+            from apsat.backends.systolic import to_text
+
+            (out_dir / "instructions.txt").write_text(to_text(self.stream))
+            if self.simulated is not None:
+                np.savez(out_dir / "simulated_outputs.npz", **self.simulated)
         path = out_dir / "report.json"
         path.write_text(json.dumps(self.report, indent=2, default=str) + "\n")
         return path
@@ -113,4 +128,59 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
         tell("verify")
         report["verification"] = verify_program(m, program, random_inputs(m, seed)).to_dict()
         seconds["verify"] = time.perf_counter() - t
-    return OptimizeResult(program, m, report)
+    stream, simulated = _systolic_backend(m, program, target, report, seconds, seed, tell)
+    return OptimizeResult(program, m, report, stream, simulated)
+
+
+def _gpu_kernels(program, out_dir: Path, compile_kernels) -> dict:
+    """Write DIR/kernels/ (Triton and CUDA C sources, cubins when `compile_kernels` and the
+    tools are present) and DIR/runner.py; returns the report's per-kernel summary (the
+    full figures, sources included, are in DIR/kernels.json)."""
+    from apsat.backends.gpu.write import write_kernels
+
+    figures = write_kernels(program, out_dir, compile=compile_kernels)
+    keep = ("name", "kind", "covers", "flops", "bytes", "modelled_us")
+    kernels = []
+    for k in figures["kernels"]:
+        row = {key: k.get(key) for key in keep}
+        for tool in ("cuda", "triton"):
+            t = k.get(tool) or {}
+            row[tool] = {"registers": t.get("registers"), "shared_bytes": t.get("shared_bytes"),
+                         "error": t.get("error")}
+        kernels.append(row)
+    return {"totals": figures["totals"], "tools": figures["tools"], "kernels": kernels,
+            "host_steps": figures["host_steps"]}
+
+
+def _systolic_backend(m, program, target, report, seconds, seed, tell):
+    """For a systolic target: compile the program to an instruction stream, run it in the
+    functional simulator on the seeded inputs (the ones verification uses) and compare
+    with onnxruntime; the cycle report and that comparison go to report["systolic"].
+    Returns (stream, simulated outputs), (None, None) for other targets."""
+    from apsat.targets import parse_target
+
+    tgt = parse_target(target)
+    if tgt.kind != "systolic":
+        return None, None
+    from apsat.backends import systolic
+    from apsat.verify import compare
+    from apsat.zoo import ort_run, random_inputs
+
+    t = time.perf_counter()
+    tell("systolic backend")
+    stream = systolic.compile(program, tgt.accel, weights=m.weights)
+    cyc = systolic.cycles(stream)
+    seconds["systolic"] = time.perf_counter() - t
+    t = time.perf_counter()
+    tell("simulate")
+    inputs = random_inputs(m, seed)
+    got = systolic.simulate(stream, {**m.weights, **inputs})
+    expected = ort_run(m.onnx, inputs)
+    seconds["simulate"] = time.perf_counter() - t
+    report["systolic"] = {
+        "accelerator": {"name": tgt.accel.name, "rows": tgt.accel.rows, "cols": tgt.accel.cols,
+                        "dataflow": tgt.accel.dataflow},
+        "instructions": stream.counts(), "host_steps": cyc["host_steps"],
+        "simulation": compare({k: expected[k] for k in got}, got).to_dict(),
+        "cycles": cyc}
+    return stream, got

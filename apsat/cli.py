@@ -39,7 +39,7 @@ def _optimize_one(source, name: str, args, progress, task, randomize=False) -> d
                        extractor=args.extractor, verify=args.verify, regions=args.regions,
                        progress=lambda phase: progress.update(task, description=f"{name}: {phase}"))
         res.report["model"] = name
-        res.write(out_dir)
+        res.write(out_dir, compile_kernels=args.compile_kernels)
         return res.report
     except ApsatError as exc:
         return {"model": name, "error": str(exc)}
@@ -194,13 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     common(p)
     p.add_argument("--verify", action="store_true", help="compare with onnxruntime (exit 1 on mismatch)")
-    p.set_defaults(func=cmd_optimize)
+    p.add_argument("--no-compile", dest="compile_kernels", action="store_false",
+                   help="gpu: write kernel sources without compiling them (nvcc, triton AOT)")
+    p.set_defaults(func=cmd_optimize, compile_kernels=True)
 
     p = sub.add_parser("zoo", help="optimise a set of models (default: the onnx light zoo) and verify each")
     p.add_argument("models", nargs="*", help="models or directories (default: the light zoo in onnx)")
     common(p)
     p.add_argument("--no-verify", dest="verify", action="store_false")
-    p.set_defaults(func=cmd_zoo, verify=True)
+    p.add_argument("--compile", dest="compile_kernels", action="store_true",
+                   help="gpu: also compile every kernel (about a second each with nvcc)")
+    p.set_defaults(func=cmd_zoo, verify=True, compile_kernels=False)
 
     p = sub.add_parser("extract", help="extract from an extraction-gym JSON e-graph")
     p.add_argument("egraph")

@@ -13,9 +13,15 @@ SQUEEZENET = next(p for p in light_model_paths() if "squeezenet" in p.name)
 def test_optimize_writes_report_and_program(tmp_path, capsys):
     model = tmp_path / "squeezenet.onnx"
     onnx.save(randomize_weights(onnx.load(str(SQUEEZENET)), seed=3), str(model))
-    rc = main(["optimize", str(model), "--out", str(tmp_path / "out"), "--verify"])
+    rc = main(["optimize", str(model), "--out", str(tmp_path / "out"), "--verify", "--no-compile"])
     assert rc == 0
     report = json.loads((tmp_path / "out" / "squeezenet" / "report.json").read_text())
+    kernels = report["gpu_kernels"]["kernels"]
+    assert kernels and report["gpu_kernels"]["totals"]["kernels"] == len(kernels)
+    for k in kernels:       # sources written, nothing compiled (--no-compile)
+        assert (tmp_path / "out" / "squeezenet" / "kernels" / f"{k['name']}.cu").exists()
+        assert (tmp_path / "out" / "squeezenet" / "kernels" / f"{k['name']}.py").exists()
+        assert k["cuda"]["registers"] is None
     assert report["verification"]["ok"] and report["ops_before"]["Conv"] == 26
     assert report["egraph"]["nodes"] > 0 and set(report["seconds"]) >= {"import", "egraph", "extract", "verify"}
     from apsat.egraph.syntax import parse_dag_text
@@ -79,3 +85,19 @@ def test_rules_check_and_list(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.strip().endswith("`run` is not allowed in a rule file: only ruleset, rewrite, birewrite, rule, "
                                 "relation and function declarations") and f"{bad}:2:" in err
+
+
+def test_optimize_gpu_compiles_kernels_for_sm90(tmp_path):
+    import shutil
+
+    from models import single_op
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed: kernels are written as sources only")
+    model = tmp_path / "relu.onnx"
+    onnx.save(single_op("Relu", [(4, 37)]), str(model))
+    assert main(["optimize", str(model), "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "relu" / "report.json").read_text())
+    (kernel,) = report["gpu_kernels"]["kernels"]
+    assert kernel["cuda"]["error"] is None and kernel["cuda"]["registers"] > 0
+    assert (tmp_path / "out" / "relu" / "kernels" / f"{kernel['name']}.cubin").exists()

@@ -1,0 +1,113 @@
+"""Light zoo models end to end on the 32x32 preset: optimise (random weights), compile to an
+instruction stream, simulate, compare with onnxruntime on the original model.
+
+Tolerance: the project's verification tolerance (apsat.verify: rtol 1e-4, atol 1e-5 times
+the output's scale), for the reasons given there; the simulator also sums each GEMM in
+k-chunks (and ws/is partial sums per row fold), a different order again. The logits before
+a final Softmax are compared too (logits_output), since the Softmax hides errors.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import apsat
+from apsat.api import optimize
+from apsat.backends import systolic as sab
+from apsat.egraph.egraph import EGraph
+from apsat.verify import compare
+from apsat.zoo import light_model_paths, logits_output, ort_run, random_inputs, randomize_weights
+
+LIGHT = {p.stem.replace("light_", ""): p for p in light_model_paths()}
+FUSED_PLAN = (("layout", 30), ("fusion", 30), ("im2col", 16), ("systolic", 30))
+
+
+def load(name: str, seed: int = 1):
+    return apsat.load_onnx(logits_output(randomize_weights(onnx.load(str(LIGHT[name])), seed=seed)))
+
+
+def fused_program(model, target="systolic:32x32"):
+    """The extracted program with fusion before im2col/systolic (bias and activation in
+    fused-dot-bias-act atoms, BatchNorm folded into weights)."""
+    eg = EGraph(target=target)
+    handles = eg.add_outputs(model.program)
+    for ruleset, iters in FUSED_PLAN:
+        eg.saturate(rules=[ruleset], iter_limit=iters)
+    return apsat.extract(eg, handles)
+
+
+def check_against_onnxruntime(model, stream, seed=3):
+    inputs = random_inputs(model, seed)
+    got = sab.simulate(stream, {**model.weights, **inputs})
+    want = ort_run(model.onnx, inputs)
+    v = compare({k: want[k] for k in got}, got)
+    assert v.ok, v.to_dict()
+    return v
+
+
+def test_squeezenet_through_optimize_writes_stream_cycles_and_simulation(tmp_path):
+    model = load("squeezenet")
+    res = optimize(model, target="systolic:32x32", verify=True, seed=2)
+    sysrep = res.report["systolic"]
+    assert sysrep["simulation"]["ok"], sysrep["simulation"]
+    assert len(sysrep["simulation"]["outputs"]) == 2          # probabilities and logits
+    assert res.report["verification"]["ok"]
+    cyc = sysrep["cycles"]
+    assert cyc["total_cycles"] > cyc["compute_bound_cycles"] > 0 and 0 < cyc["utilization"] < 1
+    assert cyc["host_steps"] == [] and sysrep["instructions"]["MATMUL"] > 0
+    res.write(tmp_path)
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert {"ops_before", "ops_after", "extraction", "verification", "systolic"} <= set(written)
+    again = sab.read(tmp_path / "instructions.txt")
+    assert sab.to_text(again) == sab.to_text(res.stream)
+    saved = np.load(tmp_path / "simulated_outputs.npz")
+    assert set(saved.files) == set(res.simulated)
+
+
+@pytest.mark.parametrize("opts", [{}, {"im2col": "gather", "fold_copies": True}], ids=["model", "gather-fold"])
+def test_squeezenet_fused_matches_onnxruntime(opts):
+    model = load("squeezenet")
+    prog = fused_program(model)
+    assert prog.op_counts().get("fused-dot-bias-act", 0) == 26
+    stream = sab.compile(prog, "systolic:32x32", weights=model.weights, **opts)
+    check_against_onnxruntime(model, stream)
+    rep = sab.cycles(stream)
+    assert rep["host_steps"] == [] and rep["init_cycles"] == 0
+
+
+def test_alexnet_matches_onnxruntime_with_its_grouped_convolutions_on_the_host():
+    model = load("bvlc_alexnet")
+    prog = fused_program(model)
+    stream = sab.compile(prog, "systolic:32x32", weights=model.weights)
+    check_against_onnxruntime(model, stream)
+    hosts = sab.cycles(stream)["host_steps"]
+    # the three grouped convolutions are dot-products over pairs no rule maps to the array
+    assert len(hosts) == 3 and all("dot-product left off the array" in h["reason"] for h in hosts)
+    # LRN runs on the vector unit, across channels
+    assert any(isinstance(i, sab.Vec) and i.mode == "axis0" for i in stream.main)
+
+
+@pytest.mark.parametrize("df", ["os", "ws", "is"])
+def test_resnet50_first_bottleneck_block(df):
+    """conv1 + BatchNorm + ReLU + max pool and the first bottleneck block (three convs, the
+    projection shortcut, the residual Sum and ReLU) of light ResNet-50."""
+    proto = onnx.shape_inference.infer_shapes(randomize_weights(onnx.load(str(LIGHT["resnet50"])), seed=1))
+    sub = onnx.utils.Extractor(proto).extract_model(["gpu_0/data_0"], ["r15"])
+    sub.ir_version = 8     # IR >= 4: initializers need not be graph inputs (the extract drops them)
+    model = apsat.load_onnx(sub)
+    import dataclasses
+
+    from apsat.targets.systolic import PRESETS
+
+    acc = dataclasses.replace(PRESETS["32x32"], dataflow=df)
+    prog = fused_program(model, acc)
+    assert prog.op_counts().get("fused-dot-bias-act", 0) >= 3
+    stream = sab.compile(prog, acc, weights=model.weights)
+    check_against_onnxruntime(model, stream)
+    rep = sab.cycles(stream)
+    # BatchNorm folded into the weights is weight-only work: done once, in init
+    assert stream.init and rep["init_cycles"] > 0
+    assert rep["macs"] > 0 and rep["host_steps"] == []
