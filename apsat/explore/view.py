@@ -2,6 +2,7 @@
 
     view(eg, root, depth)     EGraphView: the e-graph (or one e-class's neighbourhood) as SVG
     step(eg, name)            StepReport: run one phase or ruleset, show what changed
+    saturate_plan(eg)         PlanReport: the whole default plan with a progress display
     eclass(eg, handle)        EClassInfo: one e-class's members, their shapes and costs
     compare(eg, root, ...)    Comparison: extractions side by side, differences marked
 
@@ -105,6 +106,48 @@ def step(eg, name: str, **limits) -> StepReport:
     run = report["phases"][0] if report["phases"] else {"stop_reason": "skipped", "rule_matches": {}}
     return StepReport(name, list(phase.rulesets), before, eg.size(), time.perf_counter() - start,
                       run["stop_reason"], dict(run["rule_matches"]))
+
+
+@dataclass(repr=False)
+class PlanReport:
+    """One StepReport per phase of a plan run by `saturate_plan`."""
+
+    steps: list
+
+    def __str__(self) -> str:
+        return "\n".join(str(s).splitlines()[0] for s in self.steps)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td>{html.escape(s.name)}</td><td>{s.before[0]}</td><td>{s.after[0]}</td>"
+                       f"<td>{s.after[1]}</td><td>{s.seconds:.2f}</td><td>{html.escape(s.stop_reason)}</td></tr>"
+                       for s in self.steps)
+        return ("<table><tr><th>phase</th><th>e-nodes before</th><th>after</th><th>e-classes</th>"
+                f"<th>seconds</th><th>stopped</th></tr>{rows}</table>")
+
+
+def saturate_plan(eg, progress: bool = True, **limits) -> PlanReport:
+    """Run the target's default plan one phase at a time, showing a progress display (a
+    bar over the phases naming the current one and the e-graph size; rich renders it in
+    a terminal and in Jupyter) unless `progress` is False."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from apsat.rules.saturate import default_plan
+
+    plan = default_plan(eg.target)
+    steps = []
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} phases"),
+               TimeElapsedColumn())
+    with Progress(*columns, disable=not progress, transient=False) as bar:
+        task = bar.add_task("saturating", total=len(plan))
+        for phase in plan:
+            bar.update(task, description=f"phase {phase.name} ({eg.size()[0]} e-nodes)")
+            steps.append(step(eg, phase.name, **limits))
+            bar.advance(task)
+        bar.update(task, description=f"done ({eg.size()[0]} e-nodes)")
+    return PlanReport(steps)
 
 
 @dataclass(repr=False)

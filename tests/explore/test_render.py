@@ -124,3 +124,17 @@ def test_compare_puts_extractions_side_by_side_and_marks_differences():
     page = c._repr_html_()
     assert "background:#fff3b0" in page        # lines the first program lacks
     assert "+" in c.diff("tree/nodes", "greedy-dag/systolic")
+
+
+def test_saturate_plan_steps_every_phase_with_a_progress_display(capsys):
+    from apsat.explore import saturate_plan
+    from apsat.rules.saturate import default_plan
+
+    eg, root = _conv_egraph()
+    report = saturate_plan(eg)
+    assert [s.name for s in report.steps] == [p.name for p in default_plan(eg.target)]
+    assert report.steps[-1].after == eg.size()
+    assert "systolic-array" in apsat.extract(eg, root).op_counts()
+    out = capsys.readouterr()
+    assert "phases" in out.out + out.err          # the progress bar was drawn
+    assert "<table>" in report._repr_html_() and "im2col" in str(report)
