@@ -101,3 +101,13 @@ def test_optimize_gpu_compiles_kernels_for_sm90(tmp_path):
     (kernel,) = report["gpu_kernels"]["kernels"]
     assert kernel["cuda"]["error"] is None and kernel["cuda"]["registers"] > 0
     assert (tmp_path / "out" / "relu" / "kernels" / f"{kernel['name']}.cubin").exists()
+
+
+def test_a_simulator_mismatch_fails_the_run_like_a_verification_mismatch():
+    from apsat.cli import _failed
+
+    ok = {"ok": True}
+    assert not _failed({"verification": ok, "systolic": {"simulation": ok}})
+    assert _failed({"verification": ok, "systolic": {"simulation": {"ok": False}}})
+    assert _failed({"verification": {"ok": False}})
+    assert not _failed({})
