@@ -108,6 +108,12 @@ REACH = [
     ("fusion/gelu", f"(compute gelu {FDB})", "(fused-dot-bias-act gelu ?a ?b ?c)"),
     ("fusion/gelu-transposed", f"(compute gelu (access-transpose {CFDB} (list 0 3 1 2)))",
      "(access-transpose (fused-dot-bias-act gelu ?a ?b ?c) (list 0 3 1 2))"),
+    ("fusion/sigmoid", f"(compute sigmoid {FDB})", "(fused-dot-bias-act sigmoid ?a ?b ?c)"),
+    ("fusion/sigmoid-transposed", f"(compute sigmoid (access-transpose {CFDB} (list 0 3 1 2)))",
+     "(access-transpose (fused-dot-bias-act sigmoid ?a ?b ?c) (list 0 3 1 2))"),
+    ("fusion/tanh", f"(compute tanh {FDB})", "(fused-dot-bias-act tanh ?a ?b ?c)"),
+    ("fusion/tanh-transposed", f"(compute tanh (access-transpose {CFDB} (list 0 3 1 2)))",
+     "(access-transpose (fused-dot-bias-act tanh ?a ?b ?c) (list 0 3 1 2))"),
     ("fusion/gelu-erf", gelu_text(MM), "(compute gelu ?x)"),
     # no bias: the activation goes into the atom with a zero bias
     ("fusion/relu-unbiased", f"(compute relu {MM})", f"(fused-dot-bias-act relu ?a ?b {ZERO4})"),
@@ -119,6 +125,12 @@ REACH = [
     ("fusion/gelu-unbiased", f"(compute gelu {MM})", f"(fused-dot-bias-act gelu ?a ?b {ZERO4})"),
     ("fusion/gelu-unbiased-transposed", f"(compute gelu {CONV})",
      f"(access-transpose (fused-dot-bias-act gelu ?a ?b {ZERO5}) (list 0 3 1 2))"),
+    ("fusion/sigmoid-unbiased", f"(compute sigmoid {MM})", f"(fused-dot-bias-act sigmoid ?a ?b {ZERO4})"),
+    ("fusion/sigmoid-unbiased-transposed", f"(compute sigmoid {CONV})",
+     f"(access-transpose (fused-dot-bias-act sigmoid ?a ?b {ZERO5}) (list 0 3 1 2))"),
+    ("fusion/tanh-unbiased", f"(compute tanh {MM})", f"(fused-dot-bias-act tanh ?a ?b {ZERO4})"),
+    ("fusion/tanh-unbiased-transposed", f"(compute tanh {CONV})",
+     f"(access-transpose (fused-dot-bias-act tanh ?a ?b {ZERO5}) (list 0 3 1 2))"),
 ]
 SHAPES["r1"], SHAPES["m14"], SHAPES["w3"] = (1, 6), (1, 4), (2, 2, 6)
 
@@ -146,6 +158,10 @@ REFUSE = [
     ("fusion/clip-unbiased-transposed", f"(compute (clip 0.0 6.0) (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
     ("fusion/gelu-unbiased", f"(compute gelu {MM_SPLIT2})"),
     ("fusion/gelu-unbiased-transposed", f"(compute gelu (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
+    ("fusion/sigmoid-unbiased", f"(compute sigmoid {MM_SPLIT2})"),
+    ("fusion/sigmoid-unbiased-transposed", f"(compute sigmoid (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
+    ("fusion/tanh-unbiased", f"(compute tanh {MM_SPLIT2})"),
+    ("fusion/tanh-unbiased-transposed", f"(compute tanh (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
 ]
 
 
@@ -319,4 +335,17 @@ def test_small_convnet_with_conv_biases_verifies():
     counts = best.op_counts()
     assert counts.get("fused-dot-bias-act", 0) == 1       # conv1 + bias + relu
     assert counts.get("fused-dot-bias", 0) == 2           # conv2 + bias (residual follows), gemm
+    assert verify_program(m, best, zoo.random_inputs(m, 0)).ok
+
+
+def test_gemm_tanh_gemm_sigmoid_fuse_and_verify():
+    rng = np.random.default_rng(0)
+    w = {"w1": (rng.standard_normal((16, 12)) / 4).astype(np.float32), "b1": rng.standard_normal(16).astype(np.float32),
+         "w2": (rng.standard_normal((5, 16)) / 4).astype(np.float32), "b2": rng.standard_normal(5).astype(np.float32)}
+    nodes = [onnx.helper.make_node("Gemm", ["x", "w1", "b1"], ["g1"], transB=1), onnx.helper.make_node("Tanh", ["g1"], ["t"]),
+             onnx.helper.make_node("Gemm", ["t", "w2", "b2"], ["g2"], transB=1), onnx.helper.make_node("Sigmoid", ["g2"], ["y"])]
+    m = apsat.load_onnx(models.make_model(nodes, {"x": (3, 12)}, ["y"], w))
+    best, _ = _optimise(m)
+    acts = sorted(t.args[0].op for t in best.terms() if t.op == "fused-dot-bias-act")
+    assert acts == ["sigmoid", "tanh"]
     assert verify_program(m, best, zoo.random_inputs(m, 0)).ok
