@@ -50,7 +50,7 @@ def neighbourhood(eg, root=None, depth: int | None = 2, max_classes: int = MAX_C
     roots = [eg.class_of(root)] if root is not None else [eg.class_of(h) for h in eg.outputs.values()]
     seen, frontier, level, deeper = list(dict.fromkeys(roots)), list(dict.fromkeys(roots)), 0, False
     while frontier:
-        kids = [k for c in frontier for nid in _expr_members(graph, c) for k in expr_child_classes(graph, nid)]
+        kids = [k for c in frontier for nid in expr_members(graph, c) for k in expr_child_classes(graph, nid)]
         new = [k for k in dict.fromkeys(kids) if k not in seen]
         if depth is not None and level >= depth:
             deeper = bool(new)
@@ -61,7 +61,8 @@ def neighbourhood(eg, root=None, depth: int | None = 2, max_classes: int = MAX_C
     return Drawing(graph, drawn, roots, class_shapes(graph, eg.tensor_shapes), cut, deeper)
 
 
-def _expr_members(graph, cls: str) -> list[str]:
+def expr_members(graph, cls: str) -> list[str]:
+    """The language (Expr) nodes of class `cls`; literal and list nodes left out."""
     return [nid for nid in graph.classes.get(cls, []) if graph.nodes[nid]["op"] in OPS]
 
 
@@ -100,7 +101,7 @@ def egraph_dot(drawing: Drawing) -> str:
              '  edge [arrowsize=0.6, color="#555555"];']
     anchor = {}
     for cls in drawing.classes:
-        members = _expr_members(g, cls)
+        members = expr_members(g, cls)
         if not members:
             continue
         anchor[cls] = members[0]
@@ -114,7 +115,7 @@ def egraph_dot(drawing: Drawing) -> str:
             lines.append(f'    {_q(nid)} [label={_q(node_label(g, nid))}, tooltip={_q(cls + ": " + shape)}];')
         lines.append('  }')
     for cls in drawing.classes:
-        for nid in _expr_members(g, cls):
+        for nid in expr_members(g, cls):
             for k in expr_child_classes(g, nid):
                 if k in drawn and k in anchor:
                     lines.append(f'  {_q(nid)} -> {_q(anchor[k])} [lhead={_q("cluster_" + k)}];')
@@ -157,7 +158,7 @@ def text_drawing(drawing: Drawing) -> str:
     for cls in drawing.classes:
         mark = " (root)" if cls in drawing.roots else ""
         out.append(f"e-class {cls}{mark} {shape_text(drawing.shapes.get(cls))}")
-        for nid in _expr_members(g, cls):
+        for nid in expr_members(g, cls):
             kids = ", ".join(expr_child_classes(g, nid))
             out.append(f"  {node_label(g, nid)}" + (f"  -> {kids}" if kids else ""))
     if drawing.cut:

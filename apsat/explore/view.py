@@ -184,7 +184,7 @@ def eclass(eg, handle, cost=None) -> EClassInfo:
     graph.shapes = drawing.shapes
     model = cost_model(cost, eg.target)
     price = model.node_cost(graph)
-    members = [(render.node_label(graph, nid), price(nid)) for nid in render._expr_members(graph, cls)]
+    members = [(render.node_label(graph, nid), price(nid)) for nid in render.expr_members(graph, cls)]
     return EClassInfo(cls, drawing.shapes.get(cls), model.name, sorted(members, key=lambda m: m[1]))
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from apsat.extract.graph import ExtractionGraph
 from apsat.extract.workload import (COPY_OPS, HOST_OPS, KERNEL_OPS, VIEW_OPS, compute_op,
-                                    flops, footprints, traffic)
+                                    flops, footprints, needs_shapes, traffic)
 
 TFLOPS = {"fp32": 67.0, "tf32": 494.0, "bf16": 989.0}
 BYTES = {"fp32": 4, "tf32": 4, "bf16": 2}
@@ -29,14 +29,6 @@ HBM_BYTES_PER_US = 3.35e6          # 3.35 TB/s
 PCIE_BYTES_PER_US = 64e3           # 64 GB/s
 LAUNCH_US = 3.0
 MATRIX_OPS = frozenset({"fused-dot-bias", "fused-dot-bias-act", "systolic-array"})
-
-
-def needs_shapes(graph: ExtractionGraph, model: str) -> dict:
-    """The graph's class shapes, or a one-line error saying how to provide them."""
-    if graph.shapes is None:
-        raise ValueError(f"cost model {model!r} needs e-class shapes: extract from an EGraph "
-                         "(apsat.extract.extract), not from a bare extraction-gym file")
-    return graph.shapes
 
 
 @dataclass

@@ -24,12 +24,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from apsat.extract.cost_gpu import needs_shapes
 from apsat.extract.decode import expr_child_classes
 from apsat.extract.graph import ExtractionGraph
 from apsat.extract.workload import (COPY_OPS, FLOPS_PER_INPUT, FLOPS_PER_OUTPUT, HOST_OPS,
                                     KERNEL_OPS, VIEW_OPS, compute_op, elements, footprints,
-                                    traffic)
+                                    needs_shapes, traffic)
 from apsat.targets.systolic import PRESETS, Accelerator, dram_cycles, gemm_cost, vector_cycles
 
 HOST_MACS_PER_CYCLE = 1.0       # a scalar host core, in accelerator cycles

@@ -50,6 +50,14 @@ def elements(shape) -> int:
     return math.prod(shape[0]) * math.prod(shape[1])
 
 
+def needs_shapes(graph: ExtractionGraph, model: str) -> dict:
+    """The graph's class shapes, or a one-line error saying how to provide them."""
+    if graph.shapes is None:
+        raise ValueError(f"cost model {model!r} needs e-class shapes: extract from an EGraph "
+                         "(apsat.extract.extract), not from a bare extraction-gym file")
+    return graph.shapes
+
+
 def footprints(graph: ExtractionGraph, shapes: dict) -> dict[str, float]:
     """Class id -> elements of distinct stored data a kernel reads when it reads this
     class: the class's own size for materialised results (kernels, copies, host steps,

@@ -27,7 +27,7 @@ def _depths(drawing):
     while frontier:
         nxt = []
         for c in frontier:
-            for nid in render._expr_members(g, c):
+            for nid in render.expr_members(g, c):
                 for k in expr_child_classes(g, nid):
                     if k not in out:
                         out[k] = out[c] + 1

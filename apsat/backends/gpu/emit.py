@@ -8,10 +8,12 @@ of each requested value. A dialect says how one node is written (`Dialect` below
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from apsat.backends.gpu.expr import render_cond, render_ix, value_nodes
 
 
-class Dialect:
+class Dialect(ABC):
     """How one value node is written in a target language. Subclasses set `floordiv`
     and implement the node renderers; `load` gets the offset text and the texts of the
     conditions that must hold (plus whether the load depends on loop variables)."""
@@ -26,25 +28,29 @@ class Dialect:
         """Text of an index condition ("ge"/"lt" tuples)."""
         return render_cond(c, self.floordiv)
 
+    @abstractmethod
     def const(self, v: float) -> str:
-        raise NotImplementedError
+        """Text of a float32 constant."""
 
+    @abstractmethod
     def load(self, buf: str, offset: str, conds: list[str], varying: bool) -> str:
-        raise NotImplementedError
+        """Text of a (masked, where `conds` is not empty) load of buf[offset]."""
 
+    @abstractmethod
     def call(self, fn: str, args: list[str], nodes: tuple = ()) -> str:
         """Text of fn(args); `nodes` are the argument expressions (to spot literals)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def where(self, cond: str, a: str, b: str) -> str:
-        raise NotImplementedError
+        """Text of `a if cond else b`, element-wise."""
 
     def nz(self, a: str) -> str:
         """Condition text: a != 0."""
         return f"({a} != 0)"
 
+    @abstractmethod
     def assign(self, name: str, text: str) -> str:
-        raise NotImplementedError
+        """A statement binding `name` to `text`."""
 
 
 def emit(dialect: Dialect, values: dict, syms: dict, prefix: str) -> tuple[list[str], dict]:
