@@ -12,8 +12,12 @@ Per node (ops classified in workload.py):
                    in DRAM (written once; the array's own reads are already counted).
                    Windows whose input fits are streamed from the scratchpad: no extra.
   fused atoms      the same product plus the epilogue on the vector unit as results drain.
-  compute          dot-product not mapped to the array runs on the host, one MAC per cycle
-                   (this is what makes the array form worth finding); every other
+  compute          a dot-product over an access-pair of broadcasts (grouped and depthwise
+                   convolutions: independent matrix products, pair_product.py) runs on
+                   the array one product after another or on the vector unit, whichever
+                   pair_dot_cost says is cheaper; any other dot-product not mapped to the
+                   array runs on the host, one MAC per cycle (this is what makes the
+                   array form worth finding); every other
                    operator runs on the vector unit, overlapped with its DRAM traffic.
   copies           a DRAM read and write of every element (layout changes).
   opaque           a host step: a fixed hand-off plus the DRAM traffic of its data.
@@ -29,7 +33,9 @@ from apsat.extract.graph import ExtractionGraph
 from apsat.extract.workload import (COPY_OPS, FLOPS_PER_INPUT, FLOPS_PER_OUTPUT, HOST_OPS,
                                     KERNEL_OPS, VIEW_OPS, compute_op, elements, footprints,
                                     needs_shapes, traffic)
-from apsat.targets.systolic import PRESETS, Accelerator, dram_cycles, gemm_cost, vector_cycles
+from apsat.extract.pair_product import pair_product
+from apsat.targets.systolic import (PRESETS, Accelerator, dram_cycles, gemm_cost, pair_dot_cost,
+                                    vector_cycles)
 
 HOST_MACS_PER_CYCLE = 1.0       # a scalar host core, in accelerator cycles
 HOST_HANDOFF_CYCLES = 10_000.0  # synchronising with the host for one step
@@ -107,6 +113,12 @@ class SystolicCycles:
         name = compute_op(graph, nid)
         child = expr_child_classes(graph, nid)[0]
         if name == "dot-product":
+            pp = pair_product_of(graph, child, shapes)
+            if pp is not None:
+                cost = pair_dot_cost(self.accel, pp.groups, pp.m, pp.k, pp.n)
+                if cost.unit == "array":
+                    return float(cost.array_cycles)
+                return float(max(cost.vector_cycles, dram_cycles(self.accel, reads + writes)))
             macs = elements(shapes[child]) / 2
             return HOST_HANDOFF_CYCLES + macs / HOST_MACS_PER_CYCLE + dram_cycles(self.accel, reads + writes)
         if name in FLOPS_PER_INPUT:
@@ -114,3 +126,28 @@ class SystolicCycles:
         else:
             work = vector_cycles(self.accel, elements(shapes[graph.nodes[nid]["eclass"]]), FLOPS_PER_OUTPUT[name])
         return float(max(work, dram_cycles(self.accel, reads + writes)))
+
+
+def _pre_broadcast(graph: ExtractionGraph, cls: str, shapes: dict) -> tuple:
+    """Iterated dims of class `cls` before its broadcast (a member `access-broadcast x`
+    whose x has as many iterated dims), else its own."""
+    for nid in graph.classes.get(cls, ()):
+        if graph.nodes[nid]["op"] == "access-broadcast":
+            kid = expr_child_classes(graph, nid)[0]
+            if kid in shapes and len(shapes[kid][0]) == len(shapes[cls][0]):
+                return tuple(shapes[kid][0])
+    return tuple(shapes[cls][0])
+
+
+def pair_product_of(graph: ExtractionGraph, cls: str, shapes: dict):
+    """The PairProduct of a dot-product over class `cls` when `cls` holds an access-pair
+    of operands with shapes (apsat/extract/pair_product.py), else None."""
+    for nid in graph.classes.get(cls, ()):
+        if graph.nodes[nid]["op"] != "access-pair":
+            continue
+        kids = expr_child_classes(graph, nid)
+        if len(kids) != 2 or any(k not in shapes for k in kids):
+            return None
+        it, item = shapes[kids[0]]
+        return pair_product(it, item, *(_pre_broadcast(graph, k, shapes) for k in kids))
+    return None

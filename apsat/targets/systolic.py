@@ -324,3 +324,33 @@ def vector_cycles(acc: Accelerator, elements: int, ops_per_element: int = 1) -> 
     not included (add dram_cycles where operands are not on chip)."""
     work = elements * ops_per_element
     return 0 if work <= 0 else math.ceil(work / acc.vector_lanes)
+
+
+VECTOR_OPS_PER_MAC = 3     # a dot-product on the vector unit: read, multiply, add
+
+
+@dataclass(frozen=True)
+class PairDotCost:
+    """Where `groups` independent (m x k) . (k x n) products run (a grouped or depthwise
+    convolution, see apsat/extract/pair_product.py) and what they cost: on the array one
+    product after the other (`array_cycles`, stalls included), or on the vector unit as
+    row dot-products (`vector_cycles`: a multiply and an add per MAC plus the operand
+    read, 3 operations; DRAM not included). `unit` is the cheaper; the cost model and the backend both call
+    this, so they choose alike."""
+
+    unit: str
+    array_cycles: int
+    vector_cycles: int
+
+    @property
+    def cycles(self) -> int:
+        """The chosen unit's cycles."""
+        return self.array_cycles if self.unit == "array" else self.vector_cycles
+
+
+def pair_dot_cost(acc: Accelerator, groups: int, m: int, k: int, n: int) -> PairDotCost:
+    """Array versus vector unit for `groups` products of (m x k) . (k x n)."""
+    array = groups * gemm_cost(acc, m, k, n).total_cycles
+    macs = groups * m * k * n
+    vector = vector_cycles(acc, macs, VECTOR_OPS_PER_MAC)
+    return PairDotCost("array" if array <= vector else "vector", array, vector)

@@ -39,8 +39,10 @@ from apsat.errors import ApsatError
 @dataclass
 class Gemm:
     """A product to tile: A (`a`, an m x k matrix view), B (`b`, k x n), into buffer `c`
-    (m x n); `a_mode` dense / resident / im2col; `a_full`: the resident input as one
-    1 x size view; optional `bias` (a 1 x n view) and activation `act` (operator text)."""
+    (m x n, or rows [c_row0, c_row0 + m) of c read as a c_rows x n matrix when c_rows is
+    set: one group of a grouped product); `a_mode` dense / resident / im2col; `a_full`:
+    the resident input as one 1 x size view; optional `bias` (a 1 x n view) and
+    activation `act` (operator text)."""
 
     m: int
     k: int
@@ -52,6 +54,13 @@ class Gemm:
     a_full: str | None = None
     bias: str | None = None
     act: str | None = None
+    c_rows: int = 0
+    c_row0: int = 0
+
+    def c_region(self, region: Region) -> tuple[tuple[int, int], Region]:
+        """(matrix shape of c, `region` of the product placed in it)."""
+        r = Region(region.r0 + self.c_row0, region.r1 + self.c_row0, region.c0, region.c1)
+        return (self.c_rows or self.m, self.n), r
 
     @property
     def epilogue(self) -> bool:
@@ -100,15 +109,28 @@ def lower_fused(L, t) -> None:
 
 
 def _lower(L, t, label, m, k, n, base_a, steps_a, bview, bias, act) -> None:
-    acc = L.acc
     aview = L.matrix(base_a, steps_a, m, k)
-    base_size = L.stream.buffers[base_a].size
-    mode = "dense"
-    if footprint(L.stream.buffers[base_a].dims, L.stream.views[aview].steps) < m * k:
-        mode = "resident" if base_size <= acc.ifmap_words else \
-            ("im2col" if L.im2col == "model" else "gather")
+    mode = a_mode(L, base_a, aview, m * k, L.im2col == "model")
     L.begin(t, "gemm", label, m=m, k=k, n=n, a_mode=mode)
-    g = Gemm(m, k, n, aview, bview, L.buf_of[t], mode, None, bias, act)
+    product(L, Gemm(m, k, n, aview, bview, L.buf_of[t], mode, None, bias, act))
+
+
+def a_mode(L, base_a: str, aview: str, words: int, materialise: bool) -> str:
+    """dense, or for a window view (it reads its base's words more than once): resident
+    when the base fits the ifmap scratchpad, else im2col (materialise) or gather."""
+    if footprint(L.stream.buffers[base_a].dims, L.stream.views[aview].steps) >= words:
+        return "dense"
+    if L.stream.buffers[base_a].size <= L.acc.ifmap_words:
+        return "resident"
+    return "im2col" if materialise else "gather"
+
+
+def product(L, g: Gemm) -> None:
+    """Emit the instructions of product `g` (its a_mode set) for the dataflow."""
+    acc = L.acc
+    m, k, base_a = g.m, g.k, L.stream.views[g.a].base
+    base_size = L.stream.buffers[base_a].size
+    mode, aview = g.a_mode, g.a
     if mode == "resident":
         g.a_full = L.view(base_a, (("reshape", (1, base_size)),))
     elif mode == "im2col":
@@ -154,13 +176,14 @@ def _finish(L, g, oslot: Slot, region: Region, epilogue: bool, accumulate: bool)
             L.emit(Vec("bias", "elementwise-add", full, (full, _whole(bslot)), (), L.tag))
         if g.act is not None:
             L.emit(Vec("map", g.act, full, (full,), (), L.tag))
-    L.emit(Store(g.c, (g.m, g.n), region, oslot, accumulate, L.tag))
+    shape, where = g.c_region(region)
+    L.emit(Store(g.c, shape, where, oslot, accumulate, L.tag))
 
 
 def _reload_partials(L, g, oslot: Slot, region: Region) -> None:
     """Load partial sums already drained to DRAM into the block (ws/is, last row fold)."""
-    cview = L.buffer_matrix(g.c, g.m, g.n)
-    L.load("ofmap", oslot.offset, cview, region)
+    shape, where = g.c_region(region)
+    L.load("ofmap", oslot.offset, L.buffer_matrix(g.c, *shape), where)
 
 
 def _out_rows(L, g, width: int, unit: int) -> int:

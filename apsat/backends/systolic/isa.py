@@ -225,10 +225,12 @@ class Matmul:
 
 @dataclass(frozen=True)
 class Vec:
-    """The vector unit: `mode` map / zip / row / axis0 / bias applies compute operator `op`
-    (surface syntax: `relu`, `(clip 0.0 6.0)`; bias adds) to the `srcs` blocks, result in
-    `dst`. row: each source row is reshaped to `item` and the operator reduces or
-    normalises it; axis0: the whole block is one item (its rows the item's first axis)."""
+    """The vector unit: `mode` map / zip / row / axis0 / bias / dot applies compute
+    operator `op` (surface syntax: `relu`, `(clip 0.0 6.0)`; bias adds) to the `srcs`
+    blocks, result in `dst`. row: each source row is reshaped to `item` and the operator
+    reduces or normalises it; axis0: the whole block is one item (its rows the item's
+    first axis); dot: row i of dst (one column) is the dot-product of row i of the two
+    sources (a grouped or depthwise convolution off the array)."""
 
     mode: str
     op: str
@@ -259,7 +261,7 @@ OPCODES = {Load: "LOAD", Store: "STORE", Copy: "COPY", Preload: "PRELOAD", Matmu
 
 @dataclass
 class Group:
-    """One lowered program node: `kind` gemm / vector / copy / host, `label` what it is
+    """One lowered program node: `kind` gemm / grouped / vector / copy / host, `label` what it is
     (op name), and for GEMMs the product's m, k, n and how the left operand is read
     (`a_mode`: dense, resident (im2col formed on chip) or im2col (materialised))."""
 

@@ -7,7 +7,10 @@ instructions of its kind:
 
   systolic-array, fused-dot-bias(-act)   GEMM on the array (gemm.py), the fused bias and
                                          activation as a vector epilogue before the store
-  compute OP                             the vector unit (vector.py); dot-product: HOST
+  compute OP                             the vector unit (vector.py); a dot-product over
+                                         an access-pair (grouped, depthwise convolutions):
+                                         one GEMM per group or VEC dot (grouped.py);
+                                         any other dot-product: HOST
   access-transpose / -pad / -concatenate DMA copies (vector.py)
   opaque                                 HOST (onnxruntime runs the ONNX node)
 

@@ -189,6 +189,8 @@ class Machine:
         srcs = [self.operand(s) for s in ins.srcs]
         if ins.mode == "bias":
             return srcs[0] + srcs[1]
+        if ins.mode == "dot":            # row dot-products, accumulated in float32
+            return np.einsum("ik,ik->i", srcs[0], srcs[1], dtype=np.float32)[:, None]
         name, params = parse_op(ins.op)
         if ins.mode == "map":
             return apply_compute(name, params, srcs[0], 2)

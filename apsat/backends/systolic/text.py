@@ -194,7 +194,7 @@ def to_text(stream: Stream) -> str:
     for v in stream.views.values():
         lines.append(f".view {v.name} {v.base}" + "".join(f" |{step_text(s)}" for s in v.steps))
     for g in stream.groups.values():
-        gemm = f" m={g.m} k={g.k} n={g.n} a_mode={g.a_mode}" if g.kind == "gemm" else ""
+        gemm = f" m={g.m} k={g.k} n={g.n} a_mode={g.a_mode}" if g.m else ""
         lines.append(f".group {g.tag} {g.kind} {_q(g.label)}{gemm}")
     for name, v in stream.outputs.items():
         lines.append(f".output {_q(name)} {v}")

@@ -36,7 +36,7 @@ from apsat.backends.systolic.isa import ARRAY, Copy, Host, Load, Matmul, Preload
 from apsat.backends.systolic.vector import parse_op
 from apsat.extract.cost_systolic import HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE
 from apsat.extract.workload import FLOPS_PER_INPUT, FLOPS_PER_OUTPUT
-from apsat.targets.systolic import dram_cycles, gemm_cost, vector_cycles
+from apsat.targets.systolic import VECTOR_OPS_PER_MAC, dram_cycles, gemm_cost, vector_cycles
 
 UNITS = ("dma.ifmap", "dma.filter", "dma.ofmap", "array", "vector", "host")
 _KEEP = 64          # events kept per resource (older ones are long finished)
@@ -53,6 +53,8 @@ def vec_cycles(acc, ins: Vec) -> int:
     out = ins.dst.region.size
     if ins.mode == "bias":
         return vector_cycles(acc, out, 1)
+    if ins.mode == "dot":
+        return vector_cycles(acc, ins.srcs[0].region.size, VECTOR_OPS_PER_MAC)
     name, _ = parse_op(ins.op)
     if name in FLOPS_PER_INPUT:
         return vector_cycles(acc, sum(s.region.size for s in ins.srcs), FLOPS_PER_INPUT[name])
@@ -183,7 +185,7 @@ class Schedule:
 def _run(stream: Stream, seq, groups: dict, tensors: dict, section: str) -> dict:
     sched = Schedule()
     reads_total = writes_total = 0
-    macs = host_macs = 0
+    macs = host_macs = vector_macs = 0
     for ins in seq:
         units, duration, reads, writes, dr, dw = footprint_of(stream, ins)
         # A block is usable once its LOAD has finished (double buffering: the next one
@@ -203,6 +205,9 @@ def _run(stream: Stream, seq, groups: dict, tensors: dict, section: str) -> dict
         elif isinstance(ins, Host):
             host_macs += ins.macs
             g["macs"] += ins.macs
+        elif isinstance(ins, Vec) and ins.mode == "dot":
+            vector_macs += ins.srcs[0].region.size
+            g["macs"] += ins.srcs[0].region.size
         for b, w in dr.items():
             tensors.setdefault(b, [0, 0])[0] += w
             reads_total += w
@@ -213,15 +218,16 @@ def _run(stream: Stream, seq, groups: dict, tensors: dict, section: str) -> dict
             g["dram_writes"] += w
     total = max(sched.free.values())
     return {"cycles": int(math.ceil(total)), "busy": {u: int(math.ceil(b)) for u, b in sched.busy.items()},
-            "macs": macs, "host_macs": host_macs, "dram_reads": reads_total, "dram_writes": writes_total}
+            "macs": macs, "host_macs": host_macs, "vector_macs": vector_macs, "dram_reads": reads_total, "dram_writes": writes_total}
 
 
 def cycles(stream: Stream) -> dict:
     """The cycle and traffic report of `stream` (main section per inference; init, run
     once at load time, reported apart):
 
-      total_cycles, init_cycles; busy (cycles per unit); macs (on the array) and
-      host_macs; compute_bound_cycles = (macs + host_macs) / (rows * cols);
+      total_cycles, init_cycles; busy (cycles per unit); macs (on the array),
+      host_macs and vector_macs (dot-products on the host and on the vector unit);
+      compute_bound_cycles = (macs + host_macs + vector_macs) / (rows * cols);
       utilization = compute_bound_cycles / total_cycles (against the compute bound);
       array_utilization = macs / (rows * cols * total_cycles); array_efficiency = macs /
       (rows * cols * busy array cycles): the utilisation the array's own passes allow
@@ -240,7 +246,7 @@ def cycles(stream: Stream) -> dict:
     main = _run(stream, stream.main, groups, per_tensor, "main")
     peak = acc.rows * acc.cols
     total = main["cycles"]
-    bound = (main["macs"] + main["host_macs"]) / peak
+    bound = (main["macs"] + main["host_macs"] + main["vector_macs"]) / peak
     rows = []
     for tag, g in groups.items():
         info = stream.groups.get(tag)
@@ -258,6 +264,7 @@ def cycles(stream: Stream) -> dict:
         "accelerator": acc.name, "rows": acc.rows, "cols": acc.cols, "dataflow": acc.dataflow,
         "total_cycles": total, "init_cycles": init["cycles"],
         "busy": main["busy"], "macs": main["macs"], "host_macs": main["host_macs"],
+        "vector_macs": main["vector_macs"],
         "compute_bound_cycles": bound,
         "utilization": bound / total if total else 0.0,
         "array_utilization": main["macs"] / (peak * total) if total else 0.0,

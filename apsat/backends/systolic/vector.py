@@ -17,8 +17,10 @@ Three shapes of work:
        operand) when a whole item does not fit: each tile is item[0] rows by a chunk of
        the rest. An item that fits no mode is a HOST step.
 
-`compute dot-product` off the array is a HOST step (the host does it one MAC a cycle, as
-the cost model prices it). Copies (access-transpose, -pad, -concatenate) are DMA COPYs
+`compute dot-product` over an access-pair (a grouped or depthwise convolution) goes to
+grouped.py: one GEMM per group on the array, or VEC dot on the vector unit. Any other
+dot-product off the array is a HOST step (the host does it one MAC a cycle, as the cost
+model prices it). Copies (access-transpose, -pad, -concatenate) are DMA COPYs
 from DRAM to DRAM through an address pattern (a transpose or pad step added to the
 operand's view); a concatenation is one COPY per part.
 """
@@ -66,8 +68,12 @@ def lower_compute(L, t) -> None:
     op, x = t.args
     name = op.op
     if name == "dot-product":
-        raise Unlowerable("dot-product left off the array (the extractor did not map it to "
-                          "systolic-array)")
+        if x.op != "access-pair":
+            raise Unlowerable("dot-product left off the array (the extractor did not map it to "
+                              "systolic-array)")
+        from apsat.backends.systolic.grouped import lower_pair_dot
+
+        return lower_pair_dot(L, t)
     it, item = L.program.shape_of(x)
     out = L.buf_of[t]
     text = op_text(op)

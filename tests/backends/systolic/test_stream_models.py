@@ -78,16 +78,30 @@ def test_squeezenet_fused_matches_onnxruntime(opts):
     assert rep["host_steps"] == [] and rep["init_cycles"] == 0
 
 
-def test_alexnet_matches_onnxruntime_with_its_grouped_convolutions_on_the_host():
+def test_alexnet_matches_onnxruntime_with_its_grouped_convolutions_on_the_array():
     model = load("bvlc_alexnet")
     prog = fused_program(model)
     stream = sab.compile(prog, "systolic:32x32", weights=model.weights)
     check_against_onnxruntime(model, stream)
-    hosts = sab.cycles(stream)["host_steps"]
-    # the three grouped convolutions are dot-products over pairs no rule maps to the array
-    assert len(hosts) == 3 and all("dot-product left off the array" in h["reason"] for h in hosts)
+    rep = sab.cycles(stream)
+    # the three 2-group convolutions run as two GEMMs each; nothing is left to the host
+    grouped = [g for g in rep["groups"] if g["kind"] == "grouped"]
+    assert len(grouped) == 3 and all(g["macs"] > 0 for g in grouped)
+    assert rep["host_steps"] == [] and rep["host_macs"] == 0
     # LRN runs on the vector unit, across channels
     assert any(isinstance(i, sab.Vec) and i.mode == "axis0" for i in stream.main)
+
+
+def test_shufflenet_grouped_on_the_array_depthwise_on_the_vector_unit():
+    model = load("shufflenet")
+    stream = sab.compile(fused_program(model), "systolic:32x32", weights=model.weights)
+    check_against_onnxruntime(model, stream)
+    rep = sab.cycles(stream)
+    kinds = {(g["kind"], g["label"]) for g in rep["groups"]}
+    assert ("grouped", "dot-product 4 groups") in kinds and ("vector", "dot-product") in kinds
+    assert rep["host_steps"] == [] and rep["vector_macs"] > 0
+    # the vector unit's MACs count in the compute bound
+    assert rep["compute_bound_cycles"] == (rep["macs"] + rep["vector_macs"]) / 1024
 
 
 @pytest.mark.parametrize("df", ["os", "ws", "is"])

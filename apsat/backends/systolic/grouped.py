@@ -1,0 +1,104 @@
+"""Grouped and depthwise convolutions: `compute dot-product (access-pair A B)`.
+
+The importer writes a grouped convolution as a dot-product over a pair of broadcasts
+(apsat/extract/pair_product.py reads it as `groups` independent (m x k) . (k x n)
+products). `targets.systolic.pair_dot_cost` decides where they run, the same call the
+extractor's cost model makes:
+
+  array   one GEMM per group (gemm.product), A the group's slice of the operand whose
+          axes come first in the result, B the other operand's slice read transposed.
+          Each group's m x n result is a contiguous block of the output (the axes are
+          groups, rows, columns in that order), stored in place: rows
+          [g*m, (g+1)*m) of the output read as a (groups*m) x n matrix. A window operand
+          is gathered tile by tile through its address pattern, never materialised.
+  vector  rows of the pair are loaded as two (rows x k) tiles and VEC dot gives one
+          output per row (a depthwise convolution: k = 9 MACs per output, too few columns
+          to use the array).
+
+Anything else (a pair whose axes are not in that order, a non-view operand) is left to
+the caller, which makes it a HOST step.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+from apsat.backends.systolic import gemm
+from apsat.backends.systolic.isa import Operand, Region, Slot, Store, Vec
+from apsat.backends.systolic.views import dims_after
+from apsat.extract.pair_product import PairProduct, pair_product
+from apsat.targets.systolic import pair_dot_cost
+
+
+def _before_broadcast(L, chain, n_iter: int, n_dims: int):
+    """(base, steps without a final broadcast, their iterated dims, all steps) of an
+    operand view."""
+    base, steps = chain
+    if steps and steps[-1][0] == "broadcast":
+        pre = dims_after(L.stream.buffers[base].dims, steps[:-1])
+        if len(pre) == n_dims:
+            return base, steps[:-1], tuple(pre[:n_iter]), steps
+    return base, steps, tuple(dims_after(L.stream.buffers[base].dims, steps)[:n_iter]), steps
+
+
+def lower_pair_dot(L, t) -> None:
+    """Lower `t` = (compute dot-product (access-pair A B)) onto the array or the vector
+    unit; Unlowerable when the pair is not a set of independent matrix products."""
+    from apsat.backends.systolic.lower import Unlowerable
+
+    pair = t.args[1]
+    it, item = L.program.shape_of(pair.args[0])
+    n_iter, n_dims = len(it), len(it) + len(item)
+    ops = [_before_broadcast(L, L.need_chain(x, f"the dot-product's pair operand {i}"), n_iter, n_dims)
+           for i, x in enumerate(pair.args)]
+    pp = pair_product(tuple(it), tuple(item), ops[0][2], ops[1][2])
+    if pp is None:
+        raise Unlowerable("dot-product over a pair whose axes are not groups, rows and columns")
+    if pair_dot_cost(L.acc, pp.groups, pp.m, pp.k, pp.n).unit == "array":
+        _on_array(L, t, pp, ops, tuple(it))
+    else:
+        _on_vector(L, t, pp, ops, tuple(it), math.prod(item))
+
+
+def _group_steps(steps, group_axes, index) -> tuple:
+    """`steps` then a one-index slice of every group axis."""
+    return tuple(steps) + tuple(("slice", a, i, i + 1) for a, i in zip(group_axes, index))
+
+
+def _on_array(L, t, pp: PairProduct, ops, it: tuple) -> None:
+    group_axes = [a for a, d in enumerate(it) if d > 1 and all(o[2][a] == d for o in ops)]
+    (base_a, steps_a, _, _), (base_b, steps_b, _, _) = ops[pp.left], ops[1 - pp.left]
+    m, k, n = pp.m, pp.k, pp.n
+    first = L.matrix(base_a, _group_steps(steps_a, group_axes, [0] * len(group_axes)), m, k)
+    mode = gemm.a_mode(L, base_a, first, m * k, materialise=False)
+    L.begin(t, "grouped", f"dot-product {pp.groups} groups", m=m, k=k, n=n, a_mode=mode)
+    out = L.buf_of[t]
+    for g, index in enumerate(itertools.product(*(range(it[a]) for a in group_axes))):
+        aview = L.matrix(base_a, _group_steps(steps_a, group_axes, index), m, k)
+        bview = L.view(base_b, _group_steps(steps_b, group_axes, index)
+                       + (("reshape", (n, k)), ("transpose", (1, 0))))
+        gemm.product(L, gemm.Gemm(m, k, n, aview, bview, out, mode, c_rows=pp.groups * m, c_row0=g * m))
+
+
+def _on_vector(L, t, pp: PairProduct, ops, it: tuple, k: int) -> None:
+    from apsat.backends.systolic.lower import Unlowerable
+
+    rows = math.prod(it)
+    per = min(L.half_words("ifmap") // k, L.half_words("filter") // k, L.half_words("ofmap"))
+    if per < 1:
+        raise Unlowerable(f"dot-product: an item of {k} elements does not fit half of a scratchpad")
+    # The operands as rows x k matrices, broadcasts included (a DMA reads their distinct words).
+    views = [L.matrix(base, steps, rows, k) for base, _, _, steps in ops]
+    out = L.buf_of[t]
+    L.begin(t, "vector", "dot-product")
+    for r0 in range(0, rows, per):
+        reg = Region(r0, min(rows, r0 + per), 0, k)
+        a = L.load("ifmap", L.half("ifmap"), views[0], reg)
+        b = L.load("filter", L.half("filter"), views[1], reg)
+        dst = Slot("ofmap", L.half("ofmap"), reg.rows, 1)
+        L.emit(Vec("dot", "dot-product", Operand(dst, Region(0, reg.rows, 0, 1)),
+                   (Operand(a, Region(0, reg.rows, 0, k)), Operand(b, Region(0, reg.rows, 0, k))), (), L.tag))
+        L.emit(Store(out, (rows, 1), Region(reg.r0, reg.r1, 0, 1), dst, False, L.tag))
+
+
+__all__ = ["lower_pair_dot"]
