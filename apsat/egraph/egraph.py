@@ -39,6 +39,9 @@ SORT_OF = {**{op: "Expr" for op in OPS},
            **{EGG_RENAME.get(op, op): "ComputeOp" for op in COMPUTE_OPS},
            **{p: "PadType" for p in PAD_TYPES}, "access-shape": "AccessShape",
            "inil": "IList", "icons": "IList", "enil": "ExprList", "econs": "ExprList"}
+# Statements per egglog call when loading terms: one statement a call pays egglog's fixed
+# overhead each time, one big call parses in quadratic time; 4 to 32 measure alike.
+STATEMENT_BATCH = 16
 _HANDLE = re.compile(r"\(handle (\d+)\)")
 _VALUE = re.compile(r"Value\((-?\d+)\)")
 _SPAN = bindings.PanicSpan()
@@ -193,11 +196,10 @@ class EGraph:
                 h = 0
             height[term] = h
             statements.append(text)
-        # Small batches: one statement per parse is slower, one big parse is quadratic.
         try:
             with egglog_io.captured_stderr():
-                for start in range(0, len(statements), 16):
-                    self._run("\n".join(statements[start:start + 16]), "adding a program")
+                for start in range(0, len(statements), STATEMENT_BATCH):
+                    self._run("\n".join(statements[start:start + STATEMENT_BATCH]), "adding a program")
         except EGraphError:
             for term in new_terms:   # their numbers stay used: egglog may hold some of them
                 del self._ids[term]
@@ -220,8 +222,8 @@ class EGraph:
 
         statements = build(fresh)
         with egglog_io.captured_stderr():
-            for start in range(0, len(statements), 16):
-                self._run("\n".join(statements[start:start + 16]), "instantiating a region")
+            for start in range(0, len(statements), STATEMENT_BATCH):
+                self._run("\n".join(statements[start:start + STATEMENT_BATCH]), "instantiating a region")
         self._saturate_shapes()
 
     @staticmethod

@@ -126,46 +126,56 @@ class _Renderer:
         return "(" + " ".join(parts) + ")"
 
 
-def instantiate(eg, data: dict, bindings: dict[str, str], tensors: dict[str, str],
-                classes=None) -> None:
-    """Add every Expr node of a serialised template into `eg`. `bindings` maps template
-    class ids to handles (placeholder accesses and the root); `tensors` maps the class of
-    each placeholder tensor to the handle of the input it stands for, which is bound to a
-    new `(access INPUT 0)` node (same data, split 0, as `access-tensor` has). Other
-    classes get fresh handles; nodes of an already-mapped class are unioned into it;
-    placeholder tensors themselves never reach `eg`."""
-    r = data.get("_renderer") or _Renderer(data)
-    members = r.members
-    pool = classes if classes is not None else list(members)
-    expr_nodes = [nid for c in pool if r.types.get(c) == "Expr" and c not in tensors
-                  for nid in members.get(c, ()) if data["nodes"][nid]["op"] in OPS]
+class Template:
+    """One distinct region's saturated classes in the template e-graph, with the order in
+    which its Expr nodes can be written (every Expr child class bound or written before),
+    found once and replayed for each occurrence."""
 
-    def build(fresh):
-        handles = dict(bindings)
-        statements, done = [], set()
-        for cls, input_handle in tensors.items():
-            handles[cls] = fresh()
-            statements.append(f"(set {handles[cls]} (access {input_handle} 0))")
-        progress = True
-        while progress:
-            progress = False
-            for nid in expr_nodes:
-                if nid in done:
-                    continue
-                text = r.node(nid, handles)
-                if text is None:
-                    continue
-                cls = data["nodes"][nid]["eclass"]
-                if cls in handles:
-                    statements.append(f"(union {handles[cls]} {text})")
-                else:
-                    handles[cls] = fresh()
-                    statements.append(f"(set {handles[cls]} {text})")
-                done.add(nid)
-                progress = True
-        return statements
+    def __init__(self, data: dict, root_cls: str, holes: list[tuple[str, str]], classes):
+        self.data, self.root_cls, self.holes = data, root_cls, holes
+        r = data["_renderer"]
+        tensors = {t for _, t in holes}
+        nodes = [nid for c in classes if r.types.get(c) == "Expr" and c not in tensors
+                 for nid in r.members.get(c, ()) if data["nodes"][nid]["op"] in OPS]
+        self.order = _emission_order(r, data, nodes, {root_cls} | {a for a, _ in holes} | tensors)
 
-    eg.add_statements(build)
+    def statements(self, root: str, inputs: list[str], fresh) -> list[str]:
+        """egglog statements adding this template for one occurrence: `root` the handle of
+        the occurrence's root, `inputs` the handles of its inputs (in hole order)."""
+        r, nodes = self.data["_renderer"], self.data["nodes"]
+        handles = {self.root_cls: root}
+        out = []
+        for (access_cls, tensor_cls), h in zip(self.holes, inputs):
+            handles.setdefault(access_cls, h)
+            handles[tensor_cls] = fresh()
+            out.append(f"(set {handles[tensor_cls]} (access {h} 0))")
+        for nid in self.order:
+            cls = nodes[nid]["eclass"]
+            text = r.node(nid, handles)
+            if cls in handles:
+                out.append(f"(union {handles[cls]} {text})")
+            else:
+                handles[cls] = fresh()
+                out.append(f"(set {handles[cls]} {text})")
+        return out
+
+
+def _emission_order(r: _Renderer, data: dict, nodes: list[str], bound: set) -> list[str]:
+    """`nodes` in an order in which each one's Expr children are in `bound` or in the
+    class of a node before it; nodes that never become writable (their classes reachable
+    only through unbound cycles) are left out."""
+    known = {c: "x" for c in bound}
+    order, done, progress = [], set(), True
+    while progress:
+        progress = False
+        for nid in nodes:
+            if nid in done or r.node(nid, known) is None:
+                continue
+            known.setdefault(data["nodes"][nid]["eclass"], "x")
+            order.append(nid)
+            done.add(nid)
+            progress = True
+    return order
 
 
 def _reachable(data: dict, root_cls: str, members: dict[str, list[str]]) -> set[str]:
@@ -210,22 +220,21 @@ def saturate_regions(eg, program: Program, run_plan) -> dict:
     report = run_plan(teg)
     data = teg.serialize()
     data["_renderer"] = _Renderer(data)  # built once, shared by every instantiation
-    templates = {}
+    templates: dict[str, Template] = {}
+    holes_of = _placeholders(tprog)
     for j, (key, reg) in enumerate(distinct.items()):
         root_cls = teg.class_of(troots[f"r{j}"])
         holes = []
         for i in range(len(reg.inputs)):
-            access = _placeholder_term(tprog, j, i)
+            access = holes_of[PLACEHOLDER.format(j, i)]
             holes.append((teg.class_of(teg.handle_of(access)), teg.class_of(teg.handle_of(access.args[0]))))
-        templates[key] = (root_cls, holes, sorted(_reachable(data, root_cls, data["_renderer"].members)))
-    for region in regions:
-        root_cls, holes, classes = templates[region.key]
-        bindings = {root_cls: eg.handle_of(region.root)}
-        tensors = {}
-        for (access_cls, tensor_cls), t in zip(holes, region.inputs):
-            bindings.setdefault(access_cls, eg.handle_of(t))
-            tensors[tensor_cls] = eg.handle_of(t)
-        instantiate(eg, data, bindings, tensors, classes)
+        templates[key] = Template(data, root_cls, holes, sorted(_reachable(data, root_cls, data["_renderer"].members)))
+
+    def build(fresh):      # every occurrence in one batch: one shape check at the end
+        return [line for region in regions
+                for line in templates[region.key].statements(
+                    eg.handle_of(region.root), [eg.handle_of(t) for t in region.inputs], fresh)]
+    eg.add_statements(build)
     n = len(regions)
     return {"regions": n, "distinct": len(distinct),
             "reuse_rate": round(1 - len(distinct) / n, 4) if n else 0.0,
@@ -242,7 +251,8 @@ def _cuts(program: Program, order) -> set:
     return {t for t in order if uses.get(t, 0) > 1 or t in roots or t.op == "access-tensor"}
 
 
-def _placeholder_term(prog: Program, j: int, i: int) -> Term:
-    name = PLACEHOLDER.format(j, i)
-    return next(t for t in prog.terms() if t.op == "access" and t.args[0].op == "access-tensor"
-                and t.args[0].args[0] == name)
+def _placeholders(prog: Program) -> dict[str, Term]:
+    """Placeholder tensor name -> its `(access (access-tensor NAME) split)` term."""
+    return {t.args[0].args[0]: t for t in prog.terms()
+            if t.op == "access" and t.args[0].op == "access-tensor"
+            and t.args[0].args[0].startswith("__region")}
