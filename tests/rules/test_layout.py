@@ -31,6 +31,11 @@ BC = "(access-broadcast (access (access-tensor m) 4) (access-shape (shape 2 3 4 
 SYS_W = "(access (access-transpose (access (access-tensor w) 1) (list 1 0)) 0)"
 SYS_FLAT = "(access (access-transpose (access-flatten (access (access-tensor w) 1)) (list 1 0)) 0)"
 
+# a convolution (windows (3 3 3) strides (1 2 1), squeezed) over {y}, weights {w}
+CONV_NCHW = ("(compute dot-product (access-cartesian-product (access-squeeze (access-windows (access {y} 1)"
+             " (shape 3 3 3) (shape 1 2 1)) 1) {w}))")
+PAD_NCHW = "(access-pad (access-transpose (access-tensor y) (list 0 3 1 2)) zero-padding 2 1 1)"
+
 # rule name, program text, tensor shapes, a pattern the root e-class must then hold
 REACH = [
     ("layout/transpose-compose-2", tr(tr(A1, 1, 0), 1, 0), {"a": (3, 4)}, tr(A1, 0, 1)),
@@ -63,6 +68,12 @@ REACH = [
     ("layout/access-noop", at("a", 0), {"a": (2, 3)}, "(access-tensor a)"),
     ("layout/access-transpose", f"(access {tr('(access-tensor a)', 1, 0)} 1)", {"a": (2, 3)},
      tr(A1, 1, 0)),
+    ("layout/pad-through-transpose", PAD_NCHW, {"y": (2, 7, 8, 3)},
+     tr("(access-pad (access-tensor y) zero-padding 1 1 1)", *NCHW)),
+    ("layout/conv-nhwc", CONV_NCHW.format(y=tr("(access-tensor y)", *NCHW), w=at("w", 1)),
+     {"y": (2, 7, 8, 3), "w": (4, 3, 3, 3)},
+     "(compute dot-product (access-cartesian-product (access-squeeze (access-windows (access (access-tensor y) 1)"
+     " (shape 3 3 3) (shape 2 1 1)) 3) (access-transpose (access (access-tensor w) 1) (list 0 2 3 1))))"),
     ("layout/systolic-weight-tensor", f"(systolic-array 4 5 {at('x', 1)} {SYS_W})", {"x": (3, 4), "w": (5, 4)},
      "(systolic-array 4 5 ?a (access-transpose (access-tensor w) (list 1 0)))"),
     ("layout/systolic-weight-flat", f"(systolic-array 12 5 {at('x', 1)} {SYS_FLAT})",
@@ -101,6 +112,12 @@ REFUSE = [
     ("layout/transpose-nary-left-4",                                   # not an element-wise binary op
      f"(compute dot-product (access-pair {tr(X4, *NCHW)} {BC}))", {"x": (2, 4, 5, 3), "m": (1, 3, 1, 1)}),
     ("layout/access-noop", A1, {"a": (2, 3)}),
+    # weights of rank 5 (two iterated axes): the (0 2 3 1) item permutation is for rank 4
+    ("layout/conv-nhwc", CONV_NCHW.format(y=tr("(access-tensor y)", *NCHW), w=at("w", 2)),
+     {"y": (2, 7, 8, 3), "w": (2, 4, 3, 3, 3)}),
+    # the input is not an NHWC tensor transposed to NCHW
+    ("layout/conv-nhwc", CONV_NCHW.format(y=tr("(access-tensor y)", 0, 1, 3, 2), w=at("w", 1)),
+     {"y": (2, 3, 8, 7), "w": (4, 3, 3, 3)}),
     # weight operand not a (flattened) named tensor
     ("layout/systolic-weight-tensor",
      f"(systolic-array 4 5 {at('x', 1)} (access (access-transpose (access (compute relu (access-tensor w)) 1)"
@@ -111,7 +128,7 @@ REFUSE = [
 ]
 
 # Rules whose left side being well-shaped implies the right side is: no condition to refuse.
-UNCONDITIONAL = {"layout/access-access", "layout/access-transpose"}
+UNCONDITIONAL = {"layout/access-access", "layout/access-transpose", "layout/pad-through-transpose"}
 # Rules that union a term with one of its own sub-terms: the root e-class then has one
 # acyclic member (the sub-term), which check_sound cannot sample as a second member.
 COLLAPSING = {f"layout/transpose-identity-{n}" for n in range(2, 6)} | {"layout/access-noop"}
@@ -181,4 +198,25 @@ def test_systolic_weight_prelayout_through_general_rules():
     assert eg.matches("(systolic-array 4 5 ?a (access-transpose (access-tensor w) (list 1 0)))", root)
     weight = eg.add(apsat.parse(SYS_W, shapes))
     assert eg.matches("(access-transpose (access-tensor w) (list 1 0))", weight)
+    _all_members_equal(eg, root, text, shapes)
+
+
+def test_convolution_chain_keeps_its_activations_nhwc():
+    """conv -> relu -> padded conv, as the importer writes it (each conv's NHWC result
+    transposed back to NCHW): the second conv reads the first one's NHWC result, and the
+    extracted program keeps only the output's transpose."""
+    shapes = {"x": (1, 3, 10, 10), "w1": (4, 3, 3, 3), "w2": (5, 4, 3, 3)}
+
+    def conv(x, w):
+        win = f"(access-squeeze (access-windows (access {x} 1) (shape {shapes[w][1]} 3 3) (shape 1 1 1)) 1)"
+        return tr(f"(compute dot-product (access-cartesian-product {win} {at(w, 1)}))", *NCHW)
+
+    first = f"(compute relu {conv('(access-tensor x)', 'w1')})"
+    padded = f"(access-pad (access-pad {first} zero-padding 2 1 1) zero-padding 3 1 1)"
+    text = conv(padded, "w2")
+    eg, root, report = _saturate(text, shapes)
+    assert report["stop_reason"] == "saturated"
+    best = apsat.extract(eg, root, cost="gpu")
+    assert best.to_text().count("(list 0 3 1 2)") == 1
+    assert "(shape 3 3 4)" in best.to_text()            # the second conv's NHWC windows
     _all_members_equal(eg, root, text, shapes)
