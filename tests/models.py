@@ -4,6 +4,7 @@
     single_op(op, inputs, attrs)                  one node: inputs are shapes (graph inputs)
                                                   or arrays (initializers)
     attention_block(), gelu_mlp(), small_convnet()  small real-world blocks
+    conv_batchnorm()                              Conv -> BatchNormalization -> Relu (folds into weights)
 """
 from __future__ import annotations
 
@@ -227,3 +228,15 @@ def grouped_convnet(seed=0, opset=17) -> onnx.ModelProto:
         helper.make_node("AveragePool", ["d"], ["y"], kernel_shape=[2, 2], strides=[1, 1], pads=[0, 0, 1, 1]),
     ]
     return make_model(nodes, {"x": (1, 4, 9, 9)}, ["y"], w, opset=opset)
+
+
+def conv_batchnorm(seed=0, opset=17) -> onnx.ModelProto:
+    """Conv (no bias) -> BatchNormalization -> Relu: the BatchNorm folds into the conv's
+    weights and bias, work on weights alone."""
+    rng = np.random.default_rng(seed)
+    weights = {"w": _w(rng, 8, 4, 3, 3), "scale": _w(rng, 8, scale=1.0), "shift": _w(rng, 8, scale=1.0),
+               "mean": _w(rng, 8, scale=1.0), "var": (np.abs(_w(rng, 8, scale=1.0)) + 0.5).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["b"]),
+             helper.make_node("Relu", ["b"], ["y"])]
+    return make_model(nodes, {"x": (1, 4, 12, 12)}, ["y"], weights, opset=opset)

@@ -95,6 +95,7 @@ class EGraph:
         self._next = 0                           # handle numbers are never reused
         self.tensor_shapes: dict[str, tuple[int, ...]] = {}   # every tensor added: name -> dims
         self.opaque_nodes: dict = {}            # opaque calls of added programs, by call name
+        self.weights: frozenset = frozenset()   # tensors known at load time (Program.weights)
         self.outputs: dict[str, str] = {}       # output name -> handle, latest add wins
         self.load_text(LANGUAGE, what="loading language.egg")
         if self.target.facts():
@@ -166,8 +167,9 @@ class EGraph:
     def add_outputs(self, program, shapes: dict | None = None) -> dict[str, str]:
         """Add a Program with any number of outputs; return output name -> handle (also
         recorded in `self.outputs`, which serialize() uses as root e-classes). The
-        program's tensor shapes and opaque nodes are kept in `self.tensor_shapes` and
-        `self.opaque_nodes` (what extraction needs to rebuild a Program)."""
+        program's tensor shapes, opaque nodes and weight names are kept in
+        `self.tensor_shapes`, `self.opaque_nodes` and `self.weights` (what extraction
+        needs to rebuild a Program and to price weight-only work)."""
         program = self._as_program(program, shapes)
         for name, dims in program.tensor_shapes.items():
             if self.tensor_shapes.get(name, dims) != dims:
@@ -206,6 +208,7 @@ class EGraph:
             raise
         self.tensor_shapes.update((n, program.tensor_shapes[n]) for n in new_tensors)
         self.opaque_nodes.update(program.opaque_nodes)
+        self.weights |= program.weights
         self._saturate_shapes()
         handles = {name: self.handle_of(t) for name, t in program.outputs.items()}
         self.outputs.update(handles)

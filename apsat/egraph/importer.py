@@ -292,7 +292,8 @@ class Importer:
                 self._node(idx, node)
         outputs = {o.name: self.term(o.name) for o in self.graph.output}
         try:
-            return Program(outputs, dict(self.tensor_shapes), self.opaque_nodes)
+            return Program(outputs, dict(self.tensor_shapes), self.opaque_nodes,
+                           weights=frozenset(self.weights))
         except ShapeError as e:       # an importer bug, but never a bare traceback
             raise ModelError(f"{_at(self.label)}imported program is ill-shaped: {e}") from None
 

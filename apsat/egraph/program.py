@@ -63,16 +63,20 @@ def apply_shape_rule(op: str, args: tuple, shape_of, tensor_shapes: dict) -> Acc
 
 @dataclass
 class Program:
-    """Output terms plus the tensor shapes and opaque ONNX nodes they refer to."""
+    """Output terms plus the tensor shapes and opaque ONNX nodes they refer to.
+    `weights`: the tensors whose values are known when the model is loaded (ONNX
+    initializers); work that reads only those is done once, not per inference."""
 
     outputs: dict[str, Term]
     tensor_shapes: dict[str, tuple[int, ...]]
     opaque_nodes: dict[str, OpaqueNode] = field(default_factory=dict)
+    weights: frozenset = frozenset()
     cost: float | None = None          # set by extractors: the cost of this choice
     extraction: dict | None = None     # set by extractors: method, seconds, notes
 
     def __post_init__(self):
         self.tensor_shapes = {k: tuple(int(d) for d in v) for k, v in self.tensor_shapes.items()}
+        self.weights = frozenset(self.weights)
         self._shapes = infer_shapes(self.outputs.values(), self.tensor_shapes)
 
     @property

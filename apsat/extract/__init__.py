@@ -49,6 +49,7 @@ def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float |
     start = time.perf_counter()
     graph = language_graph(eg.serialize())
     graph.shapes = class_shapes(graph, eg.tensor_shapes)
+    graph.weights = frozenset(eg.weights)
     roots = [eg.class_of(h) for h in outputs.values()]
     model = cost_model(cost, eg.target)
     node_cost = model.node_cost(graph)
@@ -60,7 +61,7 @@ def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float |
     terms = decode(graph, choice, roots)
     seconds = time.perf_counter() - start
     program = Program({name: terms[eg.class_of(h)] for name, h in outputs.items()},
-                      dict(eg.tensor_shapes), dict(eg.opaque_nodes))
+                      dict(eg.tensor_shapes), dict(eg.opaque_nodes), weights=graph.weights)
     program.cost = dag_cost(graph, choice, roots, node_cost)
     program.extraction = {"method": method, "cost_model": model.name,
                           "seconds": seconds, "classes_used": len(used),

@@ -9,6 +9,8 @@ materialises is written by its producer and read by its consumer. A copy (transp
 concatenate, pad: layout changes) costs launch + read and write of its data. Views cost
 nothing; their data is paid for by the kernel that reads them. An opaque ONNX node runs on
 the host: its operands go down and its result comes back over PCIe, plus a launch each way.
+Weight-only work (constants.py: BatchNorm folded into weights, weight layout changes)
+costs nothing per inference: the runner does it once, when the model is loaded.
 
 Figures (H100 SXM5, public data sheet): fp32 67 TFLOP/s without tensor cores, tf32
 494 TFLOP/s and bf16 989 TFLOP/s dense on tensor cores (matrix products only; element-wise
@@ -19,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from apsat.extract.constants import weight_only_nodes
 from apsat.extract.graph import ExtractionGraph
 from apsat.extract.workload import (COPY_OPS, HOST_OPS, KERNEL_OPS, VIEW_OPS, compute_op,
                                     flops, footprints, needs_shapes, traffic)
@@ -53,10 +56,13 @@ class GpuRoofline:
         (it cannot be priced, so it is never chosen)."""
         shapes = needs_shapes(graph, self.name)
         fp = footprints(graph, shapes)
+        once = weight_only_nodes(graph, graph.weights) if graph.weights else set()
 
         def cost(nid: str) -> float:
             node = graph.nodes[nid]
             op = node["op"]
+            if nid in once:
+                return 0.0   # weight-only: done once when the model is loaded
             if op in VIEW_OPS or op not in KERNEL_OPS | COPY_OPS | HOST_OPS:
                 return 0.0   # views, and the non-Expr nodes (lists, literals, operators)
             if node["eclass"] not in shapes:

@@ -22,6 +22,8 @@ Per node (ops classified in workload.py):
   copies           a DRAM read and write of every element (layout changes).
   opaque           a host step: a fixed hand-off plus the DRAM traffic of its data.
   views            nothing: their data is paid by the node that reads them.
+  weight-only      nothing per inference (constants.py): done once at load time, in the
+                   stream's init section.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 from apsat.extract.decode import expr_child_classes
+from apsat.extract.constants import weight_only_nodes
 from apsat.extract.graph import ExtractionGraph
 from apsat.extract.workload import (COPY_OPS, FLOPS_PER_INPUT, FLOPS_PER_OUTPUT, HOST_OPS,
                                     KERNEL_OPS, VIEW_OPS, compute_op, elements, footprints,
@@ -61,11 +64,14 @@ class SystolicCycles:
         """node id -> cycles; views 0; a node of a class without a shape costs inf."""
         shapes = needs_shapes(graph, self.name)
         fp = footprints(graph, shapes)
+        once = weight_only_nodes(graph, graph.weights) if graph.weights else set()
         acc = self.accel
 
         def cost(nid: str) -> float:
             node = graph.nodes[nid]
             op = node["op"]
+            if nid in once:
+                return 0.0   # weight-only: done once when the model is loaded
             if op in VIEW_OPS or op not in KERNEL_OPS | COPY_OPS | HOST_OPS:
                 return 0.0
             if node["eclass"] not in shapes:

@@ -29,6 +29,9 @@ class ExtractionGraph:
     # Class id -> access shape, filled in by apsat.extract.extract for cost models that
     # price nodes by their sizes (None for a bare extraction-gym file).
     shapes: dict | None = None
+    # Tensor names known at load time (the e-graph's weights), for cost models that charge
+    # weight-only work nothing per inference (apsat/extract/constants.py).
+    weights: frozenset = frozenset()
 
     @classmethod
     def from_json(cls, data, extractable=None) -> "ExtractionGraph":

@@ -101,11 +101,26 @@ class HostStep:
 @dataclass
 class KernelGraph:
     """Steps (Kernel | HostStep) in execution order, every buffer by name, the program's
-    tensor names per input buffer, and output name -> buffer holding it."""
+    tensor names per input buffer, and output name -> buffer holding it. `weights`: the
+    program's tensors known at load time (Program.weights); the steps that read only
+    those (and each other's results) are `prepare_steps`, run once, not per inference."""
 
     steps: list
     buffers: dict[str, Buffer]
     outputs: dict[str, str]
+    weights: frozenset = frozenset()
+
+    @property
+    def prepare_steps(self) -> list:
+        """Steps whose every read is a weight buffer or another prepare step's result (in
+        step order): weight-only work such as BatchNorm folded into weights."""
+        known = {b.name for b in self.buffers.values() if b.kind == "input" and b.tensor in self.weights}
+        out = []
+        for s in self.steps:
+            if s.reads and all(r in known for r in s.reads):
+                out.append(s)
+                known.add(s.out)
+        return out
 
     @property
     def kernels(self) -> list[Kernel]:

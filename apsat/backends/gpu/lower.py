@@ -176,7 +176,7 @@ class _Lowering:
                 outputs[name] = self.term_buf[t][0]
             else:                      # a view (or an input itself): copy it out
                 outputs[name] = self._copy(t, name)
-        return KernelGraph(self.steps, self.buffers, outputs)
+        return KernelGraph(self.steps, self.buffers, outputs, frozenset(p.weights))
 
     # -- steps
     def _step(self, t: Term, producer, path):

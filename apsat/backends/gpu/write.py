@@ -45,7 +45,8 @@ def write_kernels(program, directory, *, tiles: dict | None = None, compile=True
     Returns a JSON-ready dict (also written to DIR/kernels.json):
       "directory", "runner" (path of runner.py)
       "kernels": one dict per kernel in launch order: "name", "kind" (gemm | reduce |
-          elementwise), "covers" (the ops fused into it), "reads" (buffers), "out",
+          elementwise), "prepare" (weight-only: run once by runner.prepare, not per
+          inference), "covers" (the ops fused into it), "reads" (buffers), "out",
           "out_shape", "flops", "bytes" (ideal traffic: each buffer read once plus the
           result), "modelled_us" (apsat/extract/cost_gpu.py's roofline of flops and bytes
           on an H100), "tiles" (incl. the tile search's own "modelled_us"), "grid",
@@ -53,9 +54,10 @@ def write_kernels(program, directory, *, tiles: dict | None = None, compile=True
           "cuda": {"source", "cubin", "registers", "shared_bytes", "spill_stores",
                    "spill_loads", "grid", "block", "error"}
           (figures None where the tool is missing; "error" None when it compiled)
-      "host_steps": "name", "op", "runner" (onnxruntime | reference), "reason", "reads",
-          "out", "bytes" (over PCIe), "modelled_us"
-      "totals": "kernels", "host_steps", "flops", "bytes", "modelled_us"
+      "host_steps": "name", "op", "prepare", "runner" (onnxruntime | reference), "reason",
+          "reads", "out", "bytes" (over PCIe), "modelled_us"
+      "totals": "kernels", "host_steps", "prepare_steps", and per inference (prepare
+          steps left out) "flops", "bytes", "modelled_us"; "prepare_us" for the rest
       "tools": "nvcc" (path or None), "triton" (version or None), "notes" (why something
           was not compiled)
     """
@@ -82,11 +84,13 @@ def write_kernels(program, directory, *, tiles: dict | None = None, compile=True
 
     rows = []
     cuda_jobs = {}
+    once = {s.name for s in graph.prepare_steps}
     for k in graph.kernels:
         src, launch = cuda.kernel_source(k)
         cu = kdir / f"{k.name}.cu"
         cu.write_text(src)
-        row = {"name": k.name, "kind": k.kind, "covers": k.covers, "reads": k.reads, "out": k.out,
+        row = {"name": k.name, "kind": k.kind, "prepare": k.name in once, "covers": k.covers,
+               "reads": k.reads, "out": k.out,
                "out_shape": list(graph.buffers[k.out].dims), "flops": k.flops, "bytes": k.bytes,
                "modelled_us": k.modelled_us, "tiles": k.tiles, "grid": None,
                "triton": {"source": f"kernels/{k.name}.py", "cubin": None, "registers": None,
@@ -122,15 +126,18 @@ def write_kernels(program, directory, *, tiles: dict | None = None, compile=True
             out.write_bytes(res["cubin"])
             row["triton"].update({"cubin": f"kernels/{out.name}", "registers": res["registers"],
                                   "shared_bytes": res["shared_bytes"], "spills": res["spills"]})
-    host = [{"name": h.name, "op": h.op, "runner": h.runner, "reason": h.reason, "reads": h.reads,
-             "out": h.out, "bytes": h.bytes, "modelled_us": h.modelled_us} for h in graph.host_steps]
+    host = [{"name": h.name, "op": h.op, "prepare": h.name in once, "runner": h.runner, "reason": h.reason,
+             "reads": h.reads, "out": h.out, "bytes": h.bytes, "modelled_us": h.modelled_us}
+            for h in graph.host_steps]
+    per_call = [r for r in rows + host if not r["prepare"]]
     report = {
         "directory": str(directory), "runner": str(directory / "runner.py"),
         "kernels": rows, "host_steps": host,
-        "totals": {"kernels": len(rows), "host_steps": len(host),
-                   "flops": sum(r["flops"] for r in rows),
-                   "bytes": sum(r["bytes"] for r in rows) + sum(h["bytes"] for h in host),
-                   "modelled_us": sum(r["modelled_us"] for r in rows) + sum(h["modelled_us"] for h in host)},
+        "totals": {"kernels": len(rows), "host_steps": len(host), "prepare_steps": len(once),
+                   "flops": sum(r.get("flops", 0.0) for r in per_call),
+                   "bytes": sum(r["bytes"] for r in per_call),
+                   "modelled_us": sum(r["modelled_us"] for r in per_call),
+                   "prepare_us": sum(r["modelled_us"] for r in rows + host if r["prepare"])},
         "tools": {"nvcc": nvcc, "triton": triton_version, "notes": notes},
     }
     (directory / "kernels.json").write_text(json.dumps(report, indent=2, default=str) + "\n")

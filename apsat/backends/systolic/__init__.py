@@ -41,17 +41,19 @@ def accelerator_of(target):
     return t.accel
 
 
-def compile(program, target="systolic:32x32", weights=(), im2col: str = "model",  # noqa: A001
+def compile(program, target="systolic:32x32", weights=None, im2col: str = "model",  # noqa: A001
             fold_copies: bool = False):
     """Lower `program` (an extracted Program) for a systolic target; `weights` (names, or a
-    dict whose keys are the names) are the tensors known at load time: what depends only
-    on them is computed once, in the stream's init section. `im2col` ("model" | "gather")
+    dict whose keys are the names; default the program's own `weights`) are the tensors
+    known at load time: what depends only on them is computed once, in the stream's init
+    section. `im2col` ("model" | "gather")
     and `fold_copies`: see apsat.backends.systolic.lower (the defaults follow the
     extractor's cost model). ApsatError (one line) when a tile cannot be formed on this
     accelerator."""
     from apsat.backends.systolic.lower import compile_program
 
-    return compile_program(program, accelerator_of(target), weights, im2col, fold_copies)
+    names = program.weights if weights is None else weights
+    return compile_program(program, accelerator_of(target), names, im2col, fold_copies)
 
 
 def write(stream: Stream, directory, report: dict | None = None) -> Path:
