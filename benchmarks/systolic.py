@@ -4,9 +4,10 @@ compiled instruction stream (apsat.backends.systolic) for two programs per model
   baseline  what SCALE-Sim assumes: every convolution and GEMM its own im2col GEMM layer on
             the array (rulesets im2col + systolic only), no fusion: bias, activation and
             BatchNorm run as separate vector passes through DRAM.
-  apsat     apsat's extracted program with fusion: phases layout -> fusion -> im2col ->
-            systolic (the systolic target's default plan plus the fusion phase, so bias and
-            activation become the GEMM's vector epilogue and BatchNorm folds into weights).
+  apsat     apsat's extracted program: the systolic target's default plan (layout ->
+            fusion -> relayout -> im2col -> systolic), so bias and activation become the
+            GEMM's vector epilogue, BatchNorm folds into weights, and convolutions chain in
+            NHWC without transposes between them.
 
 Both are extracted by the systolic cost model of the preset accelerator and lowered by
 the same backend (weight-only work, such as weight transposes and BatchNorm folding,
@@ -40,8 +41,8 @@ import time
 from pathlib import Path
 
 DATAFLOWS = ("os", "ws", "is")
-BASELINE_PLAN = (("im2col", 16), ("systolic", 30))
-APSAT_PLAN = (("layout", 30), ("fusion", 30), ("im2col", 16), ("systolic", 30))
+BASELINE_PLAN = ((("im2col",), 16), (("systolic",), 30))
+APSAT_PLAN = None                      # the target's default plan (apsat.rules.saturate.PLANS)
 
 
 def _program(model, array: str, plan, cache: Path, key: str):
@@ -58,8 +59,10 @@ def _program(model, array: str, plan, cache: Path, key: str):
         return Program(parse_dag_text(file.read_text()), dict(model.program.tensor_shapes))
     eg = EGraph(target=f"systolic:{array}")
     handles = eg.add_outputs(model.program)
-    for ruleset, iters in plan:
-        eg.saturate(rules=[ruleset], iter_limit=iters)
+    if plan is None:
+        eg.saturate()
+    for rulesets, iters in plan or ():
+        eg.saturate(rules=list(rulesets), iter_limit=iters)
     prog = extract(eg, handles)
     if not model.program.opaque_nodes:
         file.write_text(to_dag_text(prog.outputs))

@@ -4,6 +4,7 @@
     single_op(op, inputs, attrs)                  one node: inputs are shapes (graph inputs)
                                                   or arrays (initializers)
     attention_block(), gelu_mlp(), small_convnet()  small real-world blocks
+    elementwise_chain(ops)                        Add -> Relu -> Sigmoid and other element-wise runs
     conv_batchnorm()                              Conv -> BatchNormalization -> Relu (folds into weights)
 """
 from __future__ import annotations
@@ -228,6 +229,19 @@ def grouped_convnet(seed=0, opset=17) -> onnx.ModelProto:
         helper.make_node("AveragePool", ["d"], ["y"], kernel_shape=[2, 2], strides=[1, 1], pads=[0, 0, 1, 1]),
     ]
     return make_model(nodes, {"x": (1, 4, 9, 9)}, ["y"], w, opset=opset)
+
+
+def elementwise_chain(ops=("Add", "Relu", "Sigmoid"), shape=(3, 37), seed=0, opset=17) -> onnx.ModelProto:
+    """A run of element-wise ops: a binary op of input x and a weight w (Add, Mul, ...),
+    then unary ops (Relu, Sigmoid, Tanh, ...), one after the other; output y."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(shape).astype(np.float32)
+    nodes, prev = [helper.make_node(ops[0], ["x", "w"], ["h0"])], "h0"
+    for i, op in enumerate(ops[1:], 1):
+        out = "y" if i == len(ops) - 1 else f"h{i}"
+        nodes.append(helper.make_node(op, [prev], [out]))
+        prev = out
+    return make_model(nodes, {"x": shape}, ["y"], {"w": w}, opset=opset)
 
 
 def conv_batchnorm(seed=0, opset=17) -> onnx.ModelProto:

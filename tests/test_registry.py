@@ -73,7 +73,7 @@ def test_importer_entries_exist():
 def _priced_examples():
     """An e-graph holding one program per op and per compute operator, serialised with its
     class shapes, as cost models see it."""
-    from test_syntax import EXAMPLES, SHAPES
+    from test_syntax import EXAMPLES, SHAPES, operator_head
 
     from apsat.egraph.egraph import EGraph
     from apsat.egraph.syntax import parse_term
@@ -83,9 +83,8 @@ def _priced_examples():
     eg = EGraph()
     for text in EXAMPLES:
         eg.add(parse_term(text), SHAPES)
-    for op, spec in COMPUTE_OPS.items():
-        params = " ".join("3" if k == "int" else "0.5" for k in spec.params)
-        head = f"({op} {params})" if params else op
+    for op in COMPUTE_OPS:
+        head = operator_head(op)
         n = {"elementwise-sub": 2, "elementwise-div": 2, "elementwise-pow": 2, "select": 3}.get(op, 2)
         eg.add(parse_term(f"(compute {head} (access (access-tensor a{n}) 1))"), {f"a{n}": (5, n, 4)})
     graph = language_graph(eg.serialize())
@@ -115,3 +114,36 @@ def test_every_cost_model_prices_every_op(model):
             seen_operators.add(graph.nodes[graph.classes[graph.node_classes[nid][0]][0]]["op"])
     assert set(OPS) <= seen_ops
     assert {EGG_NAMES.get(c, c) for c in COMPUTE_OPS} <= {EGG_NAMES.get(c, c) for c in seen_operators}
+
+
+def test_operator_parameter_kinds_are_known():
+    """ComputeSpec.params are literal kinds or operators (chain's F and G); syntax,
+    egglog text and decode handle exactly these."""
+    for spec in COMPUTE_OPS.values():
+        assert set(spec.params) <= {"int", "float", "compute-op"}, spec.name
+    assert COMPUTE_OPS["chain"].params == ("compute-op", "compute-op")
+
+
+def test_element_wise_operator_sets_agree_with_language_egg():
+    """ops.UNARY_MAPS are exactly the operators language.egg marks `unary-map`, and every
+    n-ary operator is `item-nary` there (what `elementwise-op`, and so the chain rule, uses)."""
+    from apsat.egraph.ops import NARY_OPS, UNARY_MAPS
+
+    names = {EGG_NAMES.get(c, c) for c in COMPUTE_OPS} - {"chain"}
+
+    def classified(relation):     # the one-operator classification rules asserting `relation`
+        return {name for head, atoms in _forms() if head == "rule" and relation in atoms
+                and len(atoms & names) == 1 for name in atoms & names}
+
+    assert classified("unary-map") == {EGG_NAMES.get(c, c) for c in UNARY_MAPS}
+    assert classified("item-nary") == set(NARY_OPS)
+
+
+def test_chain_arithmetic_is_the_sum_of_its_parts():
+    from apsat.egraph.syntax import parse_compute_op
+    from apsat.extract.workload import FLOPS_PER_INPUT, FLOPS_PER_OUTPUT, operator_flops
+
+    op = parse_compute_op("(chain (chain elementwise-add relu) sigmoid)")
+    n = 100
+    want = FLOPS_PER_INPUT["elementwise-add"] * 2 * n + (FLOPS_PER_OUTPUT["relu"] + FLOPS_PER_OUTPUT["sigmoid"]) * n
+    assert operator_flops(op, 2 * n, n) == want

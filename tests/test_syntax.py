@@ -38,6 +38,8 @@ EXAMPLES = [
     "(systolic-array 27 8 (access (access-tensor x) 1) "
     "(access (access-transpose (access (access-reshape (access-tensor w) (access-shape (shape 8) (shape 27))) 1) (list 1 0)) 0))",
     '(opaque node0 (args (access-tensor m) (access-tensor v)) (shape 4 6))',
+    "(compute (chain (chain elementwise-mul (clip -1.0 6.0)) sqrt) "
+    "(access-pair (access (access-tensor m) 1) (access (access-tensor m) 1)))",
 ]
 
 
@@ -54,15 +56,46 @@ def test_examples_cover_every_op():
     assert ops == set(OPS)
 
 
+# A sample parameter of each kind; operator-valued parameters (chain's F and G) by position.
+OPERATOR_PARAMS = ("elementwise-add", "relu")
+
+
+def operator_head(op: str) -> str:
+    """`op` with sample parameters, as surface syntax: `relu`, `(clip 0.5 0.5)`,
+    `(chain elementwise-add relu)`."""
+    spec = COMPUTE_OPS[op]
+    params = " ".join(OPERATOR_PARAMS[i] if k == "compute-op" else "3" if k == "int" else "0.5"
+                      for i, k in enumerate(spec.params))
+    return f"({op} {params})" if params else op
+
+
 @pytest.mark.parametrize("op", sorted(COMPUTE_OPS))
 def test_every_compute_operator_round_trips(op):
-    spec = COMPUTE_OPS[op]
-    params = " ".join("3" if k == "int" else "0.5" for k in spec.params)
-    head = f"({op} {params})" if params else op
+    head = operator_head(op)
     n = {"elementwise-sub": 2, "elementwise-div": 2, "elementwise-pow": 2, "select": 3}.get(op, 2)
     text = f"(compute {head} (access (access-tensor a) 1))"
     prog = apsat.parse(text, {"a": (5, n, 4)})
     assert to_text(prog.root) == text
+
+
+def test_chain_operators_parse_print_and_shape():
+    """(chain F G): operators as parameters, nested to the left; its item shape is G's rule
+    over F's; F must be element-wise and G a unary map."""
+    from apsat.egraph.syntax import compute_op_text, parse_compute_op
+
+    text = "(chain (chain elementwise-sub exp) (clip 0.0 6.0))"
+    op = parse_compute_op(text)
+    assert op.op == "chain" and op.args[1].args == (0.0, 6.0) and op.args[0].args[0].op == "elementwise-sub"
+    assert compute_op_text(op) == text and parse_compute_op(compute_op_text(op)) is op
+    pair = "(access-pair (access (access-tensor m) 1) (access (access-tensor m) 1))"
+    assert apsat.parse(f"(compute {text} {pair})", SHAPES).shape == ((4,), (6,))
+    for bad in ("(chain softmax relu)", "(chain relu softmax)", "(chain dot-product relu)",
+                "(chain relu elementwise-add)", "(chain relu (chain relu exp))"):
+        with pytest.raises(ShapeError, match="chain: "):
+            apsat.parse(f"(compute {bad} (access (access-tensor m) 1))", SHAPES)
+    with pytest.raises(ParseError, match="chain takes 2 parameters"):
+        parse_term("(compute (chain relu) (access-tensor m))")
+    assert parse_term("(compute (chain ?f relu) ?x)", allow_vars=True).args[0].args[0].op == "?var"
 
 
 def test_glenside_shapes():

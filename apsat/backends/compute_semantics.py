@@ -14,7 +14,7 @@ that stand for arrays too large to build:
 `dense(value)` builds the array of a lazy value, refusing above `MATERIALISE_LIMIT`
 elements. Every compute evaluator is `fn(x, n_iter, params) -> ndarray`: `x` the operand's
 value, `n_iter` how many of its leading axes are iterated, `params` the operator's
-literals. Evaluators marked `lazy_ok` may receive a lazy value; the others get `dense(x)`.
+parameters (literals; for `chain`, its two operator terms). Evaluators marked `lazy_ok` may receive a lazy value; the others get `dense(x)`.
 Arithmetic stays in float32 (onnxruntime's precision); special functions go through
 float64 only where float32 would lose accuracy.
 """
@@ -292,6 +292,14 @@ def _unary(fn):
     return evaluate
 
 
+@lazy_ok
+def _chain(x, n_iter, params):
+    """(chain F G): F, then G on F's result, each in its own float32 steps (so a chain
+    rounds exactly like the two computes it stands for); F may take a lazy pair."""
+    f, g = params
+    return apply_compute(g.op, g.args, apply_compute(f.op, f.args, x, n_iter), n_iter)
+
+
 COMPUTE_EVALUATORS: dict = {
     "dot-product": _dot_product,
     "reduce-sum": _reduce(np.sum),
@@ -315,6 +323,7 @@ COMPUTE_EVALUATORS: dict = {
     "elementwise-pow": _nary("elementwise-pow", np.power),
     "select": _select,
     "gelu": _gelu,
+    "chain": _chain,
 }
 
 

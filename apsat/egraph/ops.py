@@ -17,6 +17,10 @@ Argument kinds:
   access-shape  an `(access-shape (shape ..) (shape ..))` term
   pad-type      `zero-padding` or `min-padding`
   compute-op    a compute operator term: `dot-product`, `relu`, `(clip 0.0 6.0)`, ...
+
+Compute operators take literal parameters (`clip lo hi`) or operator-valued ones: `(chain F
+G)` applies G to the result of F, item by item, and is written with its operators as
+arguments, `(chain elementwise-add relu)`, `(chain (chain elementwise-mul tanh) (clip 0.0 6.0))`.
 """
 from __future__ import annotations
 
@@ -47,7 +51,8 @@ class OpSpec:
 @dataclass(frozen=True)
 class ComputeSpec:
     """A compute operator: applied to every item; `item_shape(params, item)` gives the
-    result item dims. `params` are the operator's literal kinds (float/int)."""
+    result item dims. `params` are the kinds of the operator's parameters: literals
+    (`float`, `int`) or operators (`compute-op`: a compute operator term, as `chain` takes)."""
 
     name: str
     params: tuple[str, ...]
@@ -336,6 +341,17 @@ def _lrn(params, item):
     return item
 
 
+def _chain(params, item):
+    """G's item rule applied to F's; F must be element-wise and G a unary map."""
+    f, g = params
+    _check(is_elementwise_op(f), f"chain: {f.op} is not an element-wise operator (a unary "
+           "map, an n-ary operator or a chain of them)")
+    _check(g.op in UNARY_MAPS, f"chain: {g.op} is not a unary element-wise map "
+           f"({', '.join(sorted(UNARY_MAPS))})")
+    inner = COMPUTE_OPS[f.op].item_shape(f.args, item)
+    return COMPUTE_OPS[g.op].item_shape(g.args, inner)
+
+
 COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
     ComputeSpec("dot-product", (), _dot, "Multiply along the first item axis, sum everything.",
                 ("Conv", "Gemm", "MatMul")),
@@ -369,10 +385,39 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
                 "Exact (erf) GELU, elementwise: x * (erf(x / sqrt 2) + 1) * 0.5 in float32.",
                 "produced by the fusion rules from the Div/Erf/Add/Mul pattern exporters write; "
                 "ONNX Gelu (opset 20) is not lowered yet"),
+    ComputeSpec("chain", ("compute-op", "compute-op"), _chain,
+                "(chain F G): G applied to the result of F, item by item, as one element-wise "
+                "kernel: (compute (chain F G) x) = (compute G (compute F x)). F is element-wise "
+                "(a pairwise/n-ary operator, a unary map, or a chain: chains nest to the left), "
+                "G a unary map (ops.UNARY_MAPS); item shape: G's rule applied to F's.",
+                "kernel operator, produced only by the fusion rules"),
 ]}
 
 # Elementwise unary compute operators a fused kernel may apply as its epilogue.
 ACTIVATIONS = frozenset({"relu", "clip", "gelu", "sigmoid", "tanh"})
+# Element-wise operators: unary maps (one value in, one out, item kept), n-ary operators
+# over the item's leading operand axis, and chains of them (`chain`, see COMPUTE_OPS).
+UNARY_MAPS = frozenset({"relu", "negative", "sqrt", "exp", "erf", "tanh", "sigmoid", "clip", "gelu"})
+NARY_OPS = frozenset({"elementwise-add", "elementwise-mul", "elementwise-sub", "elementwise-div",
+                      "elementwise-pow", "select"})
+ELEMENTWISE_OPS = UNARY_MAPS | NARY_OPS | {"chain"}
+
+
+def chain_parts(op) -> tuple:
+    """The operators a compute operator term applies, in order: (F0, G1, G2, ...) for a
+    left-nested chain, (op,) for any other operator."""
+    parts = []
+    while op.op == "chain":
+        parts.append(op.args[1])
+        op = op.args[0]
+    return (op,) + tuple(reversed(parts))
+
+
+def is_elementwise_op(op) -> bool:
+    """True for an element-wise operator term: a unary map, an n-ary operator, or a chain
+    whose first part is one and whose other parts are unary maps."""
+    first, *rest = chain_parts(op)
+    return first.op in UNARY_MAPS | NARY_OPS and all(g.op in UNARY_MAPS for g in rest)
 
 PAD_TYPES = ("zero-padding", "min-padding")
 

@@ -95,16 +95,34 @@ def _name(node, ctx):
     return tok[1:-1] if tok.startswith('"') else tok
 
 
-def _compute_op(node, ctx):
+def _compute_op(node, ctx, allow_vars: bool = False):
+    """A compute operator term: `relu`, `(clip 0.0 6.0)`, or one with operator parameters,
+    `(chain elementwise-add relu)` (read recursively; chains are a few levels deep)."""
     head, params = (node, []) if not isinstance(node, list) else (node[0], node[1:])
     name = _atom(head, "a compute operator", ctx)
+    if allow_vars and name.startswith("?") and not params:
+        return Term(VAR, (name[1:],))
     spec = COMPUTE_OPS.get(name)
     if spec is None:
         raise ParseError(f"parse: {ctx}: unknown compute operator {name!r}")
     if len(params) != len(spec.params):
         raise ParseError(f"parse: {ctx}: {name} takes {len(spec.params)} parameters, got {len(params)}")
-    vals = tuple(_int(p, name) if k == "int" else _float(p, name) for k, p in zip(spec.params, params))
-    return Term(name, vals)
+    vals = []
+    for k, p in zip(spec.params, params):
+        if k == "compute-op":
+            vals.append(_compute_op(p, name, allow_vars))
+        else:
+            vals.append(_int(p, name) if k == "int" else _float(p, name))
+    return Term(name, tuple(vals))
+
+
+def parse_compute_op(text: str) -> Term:
+    """A compute operator written on its own in surface syntax (`relu`, `(clip 0.0 6.0)`,
+    `(chain elementwise-add relu)`), as compute_op_text writes it."""
+    forms = _read_sexprs(text)
+    if len(forms) != 1:
+        raise ParseError(f"parse: expected one compute operator, found {len(forms)} forms")
+    return _compute_op(forms[0], "compute operator")
 
 
 def _build(node, allow_vars: bool, names: dict | None = None) -> Term:
@@ -171,7 +189,7 @@ def _build(node, allow_vars: bool, names: dict | None = None) -> Term:
                     raise ParseError(f"parse: {op}: unknown pad type {pad!r} (use {', '.join(PAD_TYPES)})")
                 vals.append(Term(pad, ()))
             elif k == "compute-op":
-                vals.append(_compute_op(a, op))
+                vals.append(_compute_op(a, op, allow_vars))
         cache[id(cur)] = Term(op, tuple(vals))
     return cache[id(node)]
 
@@ -244,12 +262,27 @@ def _fmt_arg(kind: str, value, sub) -> str:
     if kind == "pad-type":
         return value.op
     if kind == "compute-op":
-        spec = COMPUTE_OPS[value.op]
-        if not spec.params:
-            return value.op
-        return "(" + " ".join([value.op] + [str(p) if k == "int" else _fmt_float(p)
-                                            for k, p in zip(spec.params, value.args)]) + ")"
+        return compute_op_text(value)
     raise AssertionError(kind)
+
+
+def compute_op_text(op: Term) -> str:
+    """Surface syntax of a compute operator term: `relu`, `(clip 0.0 6.0)`,
+    `(chain elementwise-add relu)`."""
+    if op.op == VAR:
+        return "?" + op.args[0]
+    spec = COMPUTE_OPS[op.op]
+    if not spec.params:
+        return op.op
+    return "(" + " ".join([op.op] + [_param_text(k, p, compute_op_text, str)
+                                     for k, p in zip(spec.params, op.args)]) + ")"
+
+
+def _param_text(kind: str, value, operator, integer) -> str:
+    """One compute-operator parameter: `operator(term)` for an operator, else a literal."""
+    if kind == "compute-op":
+        return operator(value)
+    return integer(value) if kind == "int" else _fmt_float(value)
 
 
 def to_text(term: Term) -> str:
@@ -337,11 +370,17 @@ def egg_node(term: Term, ref) -> str:
         elif kind == "pad-type":
             parts.append(f"({value.op})")
         elif kind == "compute-op":
-            spec_c = COMPUTE_OPS[value.op]
-            name = EGG_NAMES.get(value.op, value.op)
-            if spec_c.params:
-                parts.append("(" + " ".join([name] + [str(int(p)) if k == "int" else _fmt_float(p)
-                                                         for k, p in zip(spec_c.params, value.args)]) + ")")
-            else:
-                parts.append(f"({name})")
+            parts.append(egg_compute_op(value))
     return "(" + " ".join(parts) + ")"
+
+
+def egg_compute_op(op: Term) -> str:
+    """egglog text of a compute operator term: `(relu)`, `(sqrt-op)`, `(clip 0.0 6.0)`,
+    `(chain (elementwise-add) (relu))`; a pattern variable stays a variable."""
+    if op.op == VAR:
+        return op.args[0]
+    spec = COMPUTE_OPS[op.op]
+    name = EGG_NAMES.get(op.op, op.op)
+    params = [_param_text(k, p, egg_compute_op, lambda v: str(int(v)))
+              for k, p in zip(spec.params, op.args)]
+    return "(" + " ".join([name] + params) + ")"

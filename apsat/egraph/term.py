@@ -59,8 +59,11 @@ class Term:
                         yield b
 
     def __repr__(self) -> str:
-        from apsat.egraph.syntax import to_text
+        from apsat.egraph.ops import COMPUTE_OPS
+        from apsat.egraph.syntax import compute_op_text, to_text
 
+        if self.op in ATTRIBUTE_OPS:
+            return compute_op_text(self) if self.op in COMPUTE_OPS else f"Term({self.op!r}, {self.args!r})"
         text = to_text(self)
         return text if len(text) < 400 else text[:400] + " ..."
 

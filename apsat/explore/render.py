@@ -79,7 +79,7 @@ def _arg_text(a) -> str:
     if isinstance(a, Term):
         if a.op == "access-shape":
             return "(" + " ".join(_arg_text(x) for x in a.args) + ")"
-        return a.op if not a.args else "(" + a.op + " " + " ".join(map(str, a.args)) + ")"
+        return a.op if not a.args else "(" + a.op + " " + " ".join(_arg_text(x) for x in a.args) + ")"
     if isinstance(a, tuple):
         return "(" + " ".join(_arg_text(x) for x in a) + ")"
     return str(a)

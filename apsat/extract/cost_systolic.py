@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from apsat.extract.decode import expr_child_classes
 from apsat.extract.constants import weight_only_nodes
 from apsat.extract.graph import ExtractionGraph
-from apsat.extract.workload import (COPY_OPS, FLOPS_PER_INPUT, FLOPS_PER_OUTPUT, HOST_OPS,
-                                    KERNEL_OPS, VIEW_OPS, compute_op, elements, footprints,
+from apsat.extract.workload import (COPY_OPS, FLOPS_PER_OUTPUT, HOST_OPS,
+                                    KERNEL_OPS, VIEW_OPS, compute_op, elements, flops, footprints,
                                     needs_shapes, traffic)
 from apsat.extract.pair_product import pair_product
 from apsat.targets.systolic import (PRESETS, Accelerator, dram_cycles, gemm_cost, pair_dot_cost,
@@ -127,10 +127,7 @@ class SystolicCycles:
                 return float(max(cost.vector_cycles, dram_cycles(self.accel, reads + writes)))
             macs = elements(shapes[child]) / 2
             return HOST_HANDOFF_CYCLES + macs / HOST_MACS_PER_CYCLE + dram_cycles(self.accel, reads + writes)
-        if name in FLOPS_PER_INPUT:
-            work = vector_cycles(self.accel, elements(shapes[child]), FLOPS_PER_INPUT[name])
-        else:
-            work = vector_cycles(self.accel, elements(shapes[graph.nodes[nid]["eclass"]]), FLOPS_PER_OUTPUT[name])
+        work = vector_cycles(self.accel, math.ceil(flops(graph, nid, shapes)), 1)
         return float(max(work, dram_cycles(self.accel, reads + writes)))
 
 

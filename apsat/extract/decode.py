@@ -2,7 +2,8 @@
 
 Knows how the language is written in egglog (see syntax.egg_node): int tuples are
 `icons`/`inil` cons-lists, opaque arguments `econs`/`enil`, compute operators and pad
-types nullary or parameterised constructors, literals primitive nodes.
+types nullary or parameterised constructors (a chain's parameters are operators
+themselves), literals primitive nodes.
 """
 from __future__ import annotations
 
@@ -91,15 +92,28 @@ def node_args(graph: ExtractionGraph, nid: str, expr, choice: dict[str, str] | N
             a, b = graph.node_classes[n]
             args.append(Term("access-shape", (_chain(graph, choice, a, lambda h: _literal(graph, h)),
                                               _chain(graph, choice, b, lambda h: _literal(graph, h)))))
-        elif kind in ("pad-type", "compute-op"):
+        elif kind == "pad-type":
             n = choice.get(c) or graph.classes[c][0]
-            params = tuple(_literal(graph, p) for p in graph.node_classes[n])
-            name = graph.nodes[n]["op"]
-            if name in COMPUTE_OPS:
-                params = tuple(int(p) if k == "int" else float(p)
-                               for k, p in zip(COMPUTE_OPS[name].params, params))
-            args.append(Term(name, params))
+            args.append(Term(graph.nodes[n]["op"], ()))
+        elif kind == "compute-op":
+            args.append(compute_op_term(graph, c, choice))
     return tuple(args)
+
+
+def compute_op_term(graph: ExtractionGraph, cls: str, choice: dict[str, str] | None = None) -> Term:
+    """The compute operator term of ComputeOp class `cls`: its literal parameters read as
+    the registry's kinds, operator parameters (a chain's F and G) read recursively."""
+    choice = choice or {}
+    n = choice.get(cls) or graph.classes[cls][0]
+    name = graph.nodes[n]["op"]
+    params = []
+    for k, p in zip(COMPUTE_OPS[name].params, graph.node_classes[n]):
+        if k == "compute-op":
+            params.append(compute_op_term(graph, p, choice))
+        else:
+            v = _literal(graph, p)
+            params.append(int(v) if k == "int" else float(v))
+    return Term(name, tuple(params))
 
 
 def decode(graph: ExtractionGraph, choice: dict[str, str], roots) -> dict[str, Term]:

@@ -67,6 +67,11 @@ PROGRAMS += [  # fused atoms (fusion rules)
     (f"(fused-dot-bias-act relu {X} {Y} (access (access-tensor bias3) 1))", ((3, 3), ())),
     (f"(compute gelu {X})", ((3,), (4,))),
 ]
+PROGRAMS += [  # chain operators (fusion/chain): G's item rule over F's
+    (f"(compute (chain elementwise-add relu) (access-pair {X} {Y}))", ((3,), (4,))),
+    (f"(compute (chain (chain negative exp) (clip 0.0 6.0)) {Q})", ((2,), (3, 4))),
+    ("(compute (chain (chain select tanh) sigmoid) (access (access-tensor c) 1))", ((4,), (4,))),
+]
 
 
 def _program(text):
@@ -155,6 +160,13 @@ BAD = [
     f"(systolic-array 4 5 {X} (access (access-tensor z) 0))",
     f"(systolic-array 3 6 {X} (access (access-tensor z) 0))",
     f"(systolic-array 4 6 {X} (access (access-tensor z) 1))",
+    f"(compute (chain softmax relu) {X})",
+    f"(compute (chain relu softmax) {X})",
+    f"(compute (chain (chain (layer-norm 1e-05) relu) exp) {X})",
+    f"(compute (chain dot-product relu) {X})",
+    f"(compute (chain relu elementwise-add) {X})",
+    f"(compute (chain relu (chain relu exp)) {X})",
+    f"(fused-dot-bias-act (chain relu tanh) {X} {Y} (access (access-tensor bias3) 1))",
 ]
 
 

@@ -114,6 +114,17 @@ def test_eclass_lists_members_with_shapes_and_costs():
     assert re.search(r"access-reshape", info._repr_html_())
 
 
+def test_chain_operators_are_labelled_with_their_parts():
+    eg = apsat.EGraph("gpu")
+    text = ("(compute sigmoid (compute relu (compute elementwise-add "
+            "(access-pair (access (access-tensor x) 1) (access (access-tensor x) 1)))))")
+    root = eg.add(apsat.parse(text, {"x": (4, 5)}))
+    step(eg, "fusion")
+    labels = [label for label, _ in eclass(eg, root).members]
+    assert "compute (chain (chain elementwise-add relu) sigmoid) ·" in labels
+    assert "compute sigmoid ·" in labels and "compute (chain relu sigmoid) ·" in labels
+
+
 def test_compare_puts_extractions_side_by_side_and_marks_differences():
     eg, root = _conv_egraph()
     eg.saturate(["im2col", "systolic"])

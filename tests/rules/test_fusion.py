@@ -131,8 +131,23 @@ REACH = [
     ("fusion/tanh-unbiased", f"(compute tanh {MM})", f"(fused-dot-bias-act tanh ?a ?b {ZERO4})"),
     ("fusion/tanh-unbiased-transposed", f"(compute tanh {CONV})",
      f"(access-transpose (fused-dot-bias-act tanh ?a ?b {ZERO5}) (list 0 3 1 2))"),
+    # runs of element-wise ops: one chain operator (residual add -> relu, mul -> tanh)
+    ("fusion/chain", f"(compute relu {add(A, A)})", "(compute (chain elementwise-add relu) ?x)"),
 ]
 SHAPES["r1"], SHAPES["m14"], SHAPES["w3"] = (1, 6), (1, 4), (2, 2, 6)
+SHAPES["c3"], SHAPES["a2"] = (5, 3, 6), (5, 6)
+P = "(access-pair (access (access-tensor a) 2) (access (access-tensor a2) 2))"   # empty items
+# More programs for fusion/chain: (program, pattern expected in the root e-class)
+CHAINS = [
+    (f"(compute tanh (compute elementwise-mul {P}))", "(compute (chain elementwise-mul tanh) ?x)"),
+    (f"(compute (clip 0.0 6.0) (compute sigmoid (compute relu {add(A, A)})))",
+     "(compute (chain (chain (chain elementwise-add relu) sigmoid) (clip 0.0 6.0)) ?x)"),
+    (f"(compute sigmoid (compute (clip -1.0 1.0) (compute exp {A})))",
+     "(compute (chain (chain exp (clip -1.0 1.0)) sigmoid) ?x)"),
+    ("(compute gelu (compute select (access (access-tensor c3) 1)))", "(compute (chain select gelu) ?x)"),
+    (f"(compute negative (compute erf (compute elementwise-sub {P})))",
+     "(compute (chain (chain elementwise-sub erf) negative) ?x)"),
+]
 
 # (rule, program whose condition fails)
 REFUSE = [
@@ -162,6 +177,16 @@ REFUSE = [
     ("fusion/sigmoid-unbiased-transposed", f"(compute sigmoid (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
     ("fusion/tanh-unbiased", f"(compute tanh {MM_SPLIT2})"),
     ("fusion/tanh-unbiased-transposed", f"(compute tanh (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
+    # not element-wise on top or underneath: softmax/layer-norm/lrn/reductions/dot-product
+    ("fusion/chain", f"(compute softmax {add(A, A)})"),                    # softmax after an add
+    ("fusion/chain", f"(compute (layer-norm 1e-05) (compute relu {A}))"),
+    ("fusion/chain", "(compute (lrn 3 0.0001 0.75 1.0) (compute exp (access (access-tensor x) 2)))"),
+    ("fusion/chain", f"(compute reduce-sum (compute relu {A}))"),
+    ("fusion/chain", f"(compute relu {MM})"),                              # no chain from a matmul
+    ("fusion/chain", f"(compute relu (compute softmax {A}))"),
+    ("fusion/chain", f"(compute relu (compute reduce-max {A}))"),
+    ("fusion/chain", f"(compute relu {FDB})"),                             # a fused atom is no compute
+    ("fusion/chain", f"(compute elementwise-add (access-pair (compute relu {A}) {A}))"),  # not unary on top
 ]
 
 
@@ -178,6 +203,14 @@ def test_sound(rule, text, pattern):
 @pytest.mark.parametrize("rule,text", REFUSE, ids=[f"{r[0]}-{i}" for i, r in enumerate(REFUSE)])
 def test_refuses(rule, text):
     check_refuses(rule, text, SHAPES)
+
+
+@pytest.mark.parametrize("text,pattern", CHAINS, ids=[str(i) for i in range(len(CHAINS))])
+def test_chain_reaches_and_is_sound(text, pattern):
+    """fusion/chain over longer runs, unary-only runs, n-ary F (select, sub over a pair):
+    the left-nested chain of the whole run lands in the root e-class and every member agrees."""
+    check_reaches("fusion/chain", text, SHAPES, pattern)
+    check_sound("fusion/chain", text, SHAPES, seed=4)
 
 
 def test_rule_names_in_this_file():
@@ -238,11 +271,15 @@ class FusedCheaper:
         return cost
 
 
-def _optimise(m):
+def _saturated(m):
     eg = EGraph()
     RuleLibrary().load_into(eg, ["fusion"])
     handles = eg.add_outputs(m.program)
-    report = eg.run(["fusion"])
+    return eg, handles, eg.run(["fusion"])
+
+
+def _optimise(m):
+    eg, handles, report = _saturated(m)
     return apsat.extract(eg, handles, method="tree", cost=FusedCheaper()), report
 
 
@@ -259,37 +296,59 @@ def _depends_on(program, inputs):
 def resnet():
     path = next(p for p in zoo.light_model_paths() if "resnet50" in p.name)
     m = apsat.load_onnx(zoo.randomize_weights(onnx.load(str(path)), seed=0))
-    best, report = _optimise(m)
-    return m, best, report
+    eg, handles, report = _saturated(m)
+    best = apsat.extract(eg, handles, method="tree", cost=FusedCheaper())
+    return m, best, report, eg, handles
 
 
-def test_resnet50_conv_bn_relu_become_fused_kernels(resnet):
-    m, best, report = resnet
-    assert report["stop_reason"] == "saturated"
-    counts = best.op_counts()
+def _resnet_counts(m, best):
     # 53 convolutions: 33 Conv->BN->Relu, 16 Conv->BN->(residual Sum), 4 projection
     # shortcuts Conv->BN; plus the final Gemm with its bias.
+    counts = best.op_counts()
     assert counts.get("fused-dot-bias-act", 0) == 33
     assert counts.get("fused-dot-bias", 0) == 21
     assert counts.get("compute dot-product", 0) == 0
-    assert counts.get("compute relu", 0) == 16            # only after the residual adds
+    # each residual add and the relu after it: one element-wise kernel, not two (other
+    # chains, such as sqrt(var + eps), are BatchNorm arithmetic on weights)
+    assert counts.get("compute relu", 0) == 0
+    dep = _depends_on(best, set(m.inputs))
+    chains = [t.args[0] for t in best.terms() if t.op == "compute" and t.args[0].op == "chain" and dep[t]]
+    assert len(chains) == 16 and {repr(c) for c in chains} == {"(chain elementwise-add relu)"}
     acts = [t for t in best.terms() if t.op == "fused-dot-bias-act"]
     assert all(t.args[0].op == "relu" for t in acts)
 
 
+def test_resnet50_conv_bn_relu_become_fused_kernels(resnet):
+    m, best, report, _, _ = resnet
+    assert report["stop_reason"] == "saturated"
+    assert report["rule_matches"].get("fusion/chain", 0) >= 16
+    _resnet_counts(m, best)
+
+
+@pytest.mark.parametrize("method", ["greedy-dag", "tree"])
+def test_resnet50_gpu_cost_model_prefers_fused_atoms_and_chains(resnet, method):
+    """With chains in the e-graph, the gpu roofline still picks conv + bias + relu atoms
+    (a chain over a separate convolution kernel costs a launch and a round trip more), and
+    picks the chain for each residual add + relu."""
+    m, _, _, eg, handles = resnet
+    best = apsat.extract(eg, handles, method=method, cost="gpu")
+    _resnet_counts(m, best)
+    assert verify_program(m, best, zoo.random_inputs(m, 0)).ok
+
+
 def test_resnet50_batchnorm_arithmetic_only_on_weights(resnet):
-    m, best, _ = resnet
+    m, best, _, _, _ = resnet
     dep = _depends_on(best, set(m.inputs))
     on_activations = [t.args[0].op for t in best.terms() if t.op == "compute" and dep[t]]
-    # what is left on activations: residual adds, their relus, pooling and the softmax
-    assert sorted(set(on_activations)) == ["elementwise-add", "reduce-max", "reduce-mean", "relu", "softmax"]
-    assert on_activations.count("elementwise-add") == 16
+    # what is left on activations: residual add + relu chains, pooling and the softmax
+    assert sorted(set(on_activations)) == ["chain", "reduce-max", "reduce-mean", "softmax"]
+    assert on_activations.count("chain") == 16
     # the BatchNorm scale now multiplies weights: every elementwise-mul is on weights only
     assert sum(1 for t in best.terms() if t.op == "compute" and t.args[0].op == "elementwise-mul") > 0
 
 
 def test_resnet50_fused_program_verifies_against_onnxruntime(resnet):
-    m, best, _ = resnet
+    m, best, _, _, _ = resnet
     v = verify_program(m, best, zoo.random_inputs(m, 0))
     assert v.ok, v
 
@@ -349,3 +408,37 @@ def test_gemm_tanh_gemm_sigmoid_fuse_and_verify():
     acts = sorted(t.args[0].op for t in best.terms() if t.op == "fused-dot-bias-act")
     assert acts == ["sigmoid", "tanh"]
     assert verify_program(m, best, zoo.random_inputs(m, 0)).ok
+
+
+@pytest.mark.parametrize("ops,chain", [
+    (("Add", "Relu", "Sigmoid"), "(chain (chain elementwise-add relu) sigmoid)"),
+    (("Mul", "Tanh"), "(chain elementwise-mul tanh)"),
+], ids=["add-relu-sigmoid", "mul-tanh"])
+def test_onnx_elementwise_run_becomes_one_chain_kernel(ops, chain):
+    """Imported and optimised for the gpu target (default plan, greedy-dag on the gpu
+    roofline): one compute node, the chain, which the model prices as one kernel (half or
+    a third of the unfused launches and round trips); it equals onnxruntime."""
+    m = apsat.load_onnx(models.elementwise_chain(ops))
+    res = apsat.optimize(m, target="gpu", verify=True)
+    computes = [t for t in res.program.terms() if t.op == "compute"]
+    assert [repr(t.args[0]) for t in computes] == [chain]
+    ext = res.report["extraction"]
+    assert ext["dag_cost"] < ext["dag_cost_before"] / (len(ops) - 0.5)     # launches dominate
+    assert res.report["verification"]["ok"], res.report["verification"]
+
+
+def test_gpu_cost_model_prices_a_chain_as_one_kernel():
+    """The chain costs what one element-wise kernel over its operand costs: one launch,
+    its operand read once and its result written once, the parts' arithmetic summed."""
+    from apsat.extract.cost_gpu import LAUNCH_US, GpuRoofline
+
+    shapes = {"x": (256, 1024), "y": (256, 1024)}
+    pair = "(access-pair (access (access-tensor x) 2) (access (access-tensor y) 2))"
+    chained = apsat.parse(f"(compute (chain (chain elementwise-add relu) sigmoid) {pair})", shapes)
+    unfused = apsat.parse(f"(compute sigmoid (compute relu (compute elementwise-add {pair})))", shapes)
+    eg = EGraph()
+    got = apsat.extract(eg, eg.add(chained), cost="gpu").cost
+    n = 256 * 1024
+    assert got == pytest.approx(GpuRoofline().kernel_us((1 * 2 + 1 + 6) * n, 3 * n, False))
+    eg = EGraph()
+    assert apsat.extract(eg, eg.add(unfused), cost="gpu").cost > got + 2 * LAUNCH_US

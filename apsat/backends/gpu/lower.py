@@ -13,7 +13,8 @@ Each kernel is one fused region:
   row of the item dims per output; the same epilogue chains (layer norm's scale and
   shift).
 * **elementwise**: a chain of element-wise operators (add, mul, relu, gelu, ...), each
-  inlined into its single consumer; also the copy of an output that is only a view.
+  inlined into its single consumer (a `chain F G` operator is such a chain in one term);
+  also the copy of an output that is only a view.
 
 Views (access, transpose, reshape, windows, pad, slice, concatenate, broadcast, pair,
 cartesian product) never run as kernels: they become the indexing of the kernels that read

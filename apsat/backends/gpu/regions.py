@@ -19,6 +19,7 @@ import math
 from apsat.backends.gpu.emit import used_vars
 from apsat.backends.gpu.expr import call, const, var
 from apsat.backends.gpu.views import Values, unary
+from apsat.egraph.ops import chain_parts
 from apsat.egraph.term import Term
 
 ACC = ("sym", "acc")
@@ -149,7 +150,7 @@ def covered_ops(program, t: Term, buffers, stop: Term | None = None) -> list[str
         if u is not t and (u in buffers or u is stop):
             continue
         if u.op == "compute":
-            out.append(u.args[0].op)
+            out.extend(part.op for part in chain_parts(u.args[0]))
         elif u.op in MATRIX_ATOMS:
             out.append(u.op if u.op != "fused-dot-bias-act" else f"fused-dot-bias-act {u.args[0].op}")
         stack.extend(reversed(list(u.children())))

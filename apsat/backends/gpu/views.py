@@ -7,7 +7,8 @@ add the window offset to the output position times the stride, a slice adds its 
 a broadcast pins size-1 axes to 0, padding and concatenation become conditions (a padded
 element is the pad value, never a load), a pair or cartesian product picks an operand by
 the pair axis. Element-wise compute operators that the lowering chose to inline (a chain
-of adds, multiplies and activations) become arithmetic on their operands' values.
+of adds, multiplies and activations) become arithmetic on their operands' values, and so
+does a `chain F G` operator (F's arithmetic, then G's on its value).
 
 `epilogue_path` and `invert_path` let a kernel (matmul or reduction) compute an
 element-wise consumer chain in its epilogue: the path from the chain's root down to the
@@ -31,16 +32,18 @@ from apsat.backends.gpu.expr import (
     unflat,
     where,
 )
+from apsat.egraph.ops import chain_parts
 from apsat.egraph.term import Term
 from apsat.errors import ApsatError
 
 # Element-wise compute operators: one output element from the same element of the
 # operand(s). POINTWISE may lie on an epilogue path; lrn reads channel neighbours, so it
-# inlines into a kernel but cannot be a step of such a path.
+# inlines into a kernel but cannot be a step of such a path. A chain reads its operand as
+# its first part does (`leading`), unary or n-ary; its other parts are unary maps.
 UNARY_OPS = frozenset({"relu", "negative", "sqrt", "exp", "erf", "tanh", "sigmoid", "clip", "gelu"})
 NARY_OPS = frozenset({"elementwise-add", "elementwise-mul", "elementwise-sub",
                       "elementwise-div", "elementwise-pow", "select"})
-POINTWISE = UNARY_OPS | NARY_OPS
+POINTWISE = UNARY_OPS | NARY_OPS | {"chain"}
 ELEMENTWISE = POINTWISE | {"lrn"}
 SQRT2 = float(math.sqrt(2.0))
 
@@ -63,6 +66,11 @@ def n_iter(program, term: Term) -> int:
 def is_elementwise(term: Term) -> bool:
     """A compute term whose operator is element-wise (may be inlined into a kernel)."""
     return term.op == "compute" and term.args[0].op in ELEMENTWISE
+
+
+def leading(op: Term) -> str:
+    """The name of the operator that reads a compute's operand: a chain's first part."""
+    return chain_parts(op)[0].op
 
 
 class Values:
@@ -185,7 +193,14 @@ class Values:
     def _compute(self, t, idx, conds):
         """An inlined element-wise operator, in the float32 steps the reference takes."""
         opterm, x_term = t.args
+        return self._apply(opterm, x_term, idx, conds)
+
+    def _apply(self, opterm, x_term, idx, conds):
+        """Operator `opterm` over operand x_term at idx (a chain: F, then G on F's value)."""
         name, params = opterm.op, opterm.args
+        if name == "chain":
+            f, g = params
+            return unary(g.op, g.args, self._apply(f, x_term, idx, conds))
         if name in UNARY_OPS:
             return unary(name, params, self.value(x_term, idx, conds))
         n = n_iter(self.program, x_term)
@@ -294,9 +309,9 @@ def epilogue_path(program, root: Term, is_candidate, uses, buffers) -> tuple | N
                 continue
         op = t.op
         nxt = []
-        if op == "compute" and t.args[0].op in UNARY_OPS and pending is None:
+        if op == "compute" and leading(t.args[0]) in UNARY_OPS and pending is None:
             nxt = [(1, None)]
-        elif op == "compute" and t.args[0].op in NARY_OPS and pending is None:
+        elif op == "compute" and leading(t.args[0]) in NARY_OPS and pending is None:
             nxt = [(1, n_iter(program, t.args[1]))]
         elif op in _SAME_INDEX_VIEWS:
             nxt = [(0, pending)]
@@ -313,7 +328,7 @@ def invert_path(program, steps: tuple, idx: tuple) -> tuple:
     """The root's index tuple of the element the producer computes at `idx`."""
     for parent, pos in reversed(steps):
         op, child = parent.op, parent.args[pos]
-        if op == "compute" and parent.args[0].op in NARY_OPS:
+        if op == "compute" and leading(parent.args[0]) in NARY_OPS:
             n = n_iter(program, child)
             idx = idx[:n] + idx[n + 1:]
         elif op == "access-pair":

@@ -34,8 +34,9 @@ import math
 
 from apsat.backends.systolic.isa import ARRAY, Copy, Host, Load, Matmul, Preload, Store, Stream, Vec
 from apsat.backends.systolic.vector import parse_op
+from apsat.egraph.term import Term
 from apsat.extract.cost_systolic import HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE
-from apsat.extract.workload import FLOPS_PER_INPUT, FLOPS_PER_OUTPUT
+from apsat.extract.workload import operator_flops
 from apsat.targets.systolic import VECTOR_OPS_PER_MAC, dram_cycles, gemm_cost, vector_cycles
 
 UNITS = ("dma.ifmap", "dma.filter", "dma.ofmap", "array", "vector", "host")
@@ -55,10 +56,9 @@ def vec_cycles(acc, ins: Vec) -> int:
         return vector_cycles(acc, out, 1)
     if ins.mode == "dot":
         return vector_cycles(acc, ins.srcs[0].region.size, VECTOR_OPS_PER_MAC)
-    name, _ = parse_op(ins.op)
-    if name in FLOPS_PER_INPUT:
-        return vector_cycles(acc, sum(s.region.size for s in ins.srcs), FLOPS_PER_INPUT[name])
-    return vector_cycles(acc, out, FLOPS_PER_OUTPUT[name])
+    name, params = parse_op(ins.op)
+    work = operator_flops(Term(name, params), sum(s.region.size for s in ins.srcs), out)
+    return vector_cycles(acc, math.ceil(work), 1)
 
 
 def _whole(name: str) -> tuple:

@@ -39,20 +39,32 @@ FIRST_AXIS = PAIRWISE | {"lrn", "select"}
 
 
 def op_text(op) -> str:
-    """A compute operator term as surface syntax: `relu`, `(clip 0.0 6.0)`."""
-    spec = COMPUTE_OPS[op.op]
-    if not spec.params:
-        return op.op
-    vals = [str(int(v)) if k == "int" else repr(float(v)) for k, v in zip(spec.params, op.args)]
-    return "(" + " ".join([op.op] + vals) + ")"
+    """A compute operator term as surface syntax: `relu`, `(clip 0.0 6.0)`,
+    `(chain elementwise-add relu)`. A chain runs as one VEC with this text: a zip when its
+    first part is pairwise over an access-pair, a map when every part is unary, else a row
+    (a chain over n-ary operands whose item does not fit a scratchpad half is a HOST step:
+    FIRST_AXIS names no chain); the simulator evaluates the text through
+    compute_semantics, which applies the parts in order."""
+    from apsat.egraph.syntax import compute_op_text
+
+    return compute_op_text(op)
 
 
 def parse_op(text: str) -> tuple[str, tuple]:
-    """(name, params) of an operator written by op_text."""
-    parts = text.strip("()").split()
-    spec = COMPUTE_OPS[parts[0]]
-    params = tuple(int(v) if k == "int" else float(v) for k, v in zip(spec.params, parts[1:]))
-    return parts[0], params
+    """(name, params) of an operator written by op_text; a chain's params are its two
+    operator terms (what compute_semantics.apply_compute takes)."""
+    from apsat.egraph.syntax import parse_compute_op
+
+    op = parse_compute_op(text)
+    return op.op, op.args
+
+
+def op_parts(op) -> tuple[str, ...]:
+    """Names of the operators `op` applies, in order: a chain's parts (F first, then its
+    unary maps), else just op's name. A chain runs as map or zip like its parts would."""
+    from apsat.egraph.ops import chain_parts
+
+    return tuple(part.op for part in chain_parts(op))
 
 
 def _flat(L, term, what: str):
@@ -77,7 +89,8 @@ def lower_compute(L, t) -> None:
     it, item = L.program.shape_of(x)
     out = L.buf_of[t]
     text = op_text(op)
-    if x.op == "access-pair" and name in PAIRWISE:
+    parts = op_parts(op)
+    if x.op == "access-pair" and parts[0] in PAIRWISE and all(p in UNARY for p in parts[1:]):
         a, sa = _flat(L, x.args[0], f"{name}'s first operand")
         b, _ = _flat(L, x.args[1], f"{name}'s second operand")
         L.begin(t, "vector", name)
@@ -90,7 +103,7 @@ def lower_compute(L, t) -> None:
             L.emit(Vec("zip", text, _w(dst), (_w(sa_), _w(sb_)), (), L.tag))
             L.emit(Store(out, (1, sa), reg, dst, False, L.tag))
         return
-    if name in UNARY:
+    if all(p in UNARY for p in parts):
         a, size = _flat(L, x, f"{name}'s operand")
         L.begin(t, "vector", name)
         step = min(L.half_words("ifmap"), L.half_words("ofmap"))

@@ -54,6 +54,10 @@ KERNELS = {
     "gemm-residual": (
         "(compute relu (compute elementwise-add (access-pair (access-transpose (fused-dot-bias (access (access-tensor x) 1) (access (access-tensor w) 1) (access (access-tensor b) 1)) (list 1 0)) (access (access-tensor r) 2))))",
         {"x": (37, 19), "w": (23, 19), "b": (23,), "r": (23, 37)}, ["gemm"]),
+    # gemm whose epilogue is a chain operator: (chain elementwise-add relu) over the pair
+    "gemm-chain-residual": (
+        "(compute (chain elementwise-add relu) (access-pair (access-transpose (fused-dot-bias (access (access-tensor x) 1) (access (access-tensor w) 1) (access (access-tensor b) 1)) (list 1 0)) (access (access-tensor r) 2)))",
+        {"x": (37, 19), "w": (23, 19), "b": (23,), "r": (23, 37)}, ["gemm"]),
     "gemm-systolic": (
         "(systolic-array 19 23 (access (access-tensor a) 1) (access (access-tensor b) 0))",
         {"a": (37, 19), "b": (19, 23)}, ["gemm"]),
@@ -83,6 +87,14 @@ KERNELS = {
     "chain-div-sqrt-clip-exp-erf": (
         "(compute elementwise-div (access-pair (compute sqrt (compute (clip 0.5 3.0) (compute exp (access-tensor x)))) (compute erf (access-tensor y))))",
         {"x": (7, 45), "y": (7, 45)}, ["elementwise"]),
+    # chain operators (fusion/chain): one kernel; a nested chain over a pair, and a
+    # unary chain inlined into a consumer
+    "chain-op-mul-tanh-sigmoid": (
+        "(compute (chain (chain elementwise-mul tanh) sigmoid) (access-pair (access-tensor x) (access-tensor y)))",
+        {"x": (7, 45), "y": (7, 45)}, ["elementwise"]),
+    "chain-op-inlined": (
+        "(compute elementwise-sub (access-pair (compute (chain exp (clip 0.5 3.0)) (access-tensor x)) (compute (chain (chain select gelu) negative) (access (access-tensor c) 0))))",
+        {"x": (7, 45), "c": (3, 7, 45)}, ["elementwise"]),
     "select": ("(compute select (access (access-tensor c) 0))", {"c": (3, 7, 45)}, ["elementwise"]),
     "pow": ("(compute elementwise-pow (access-pair (access-tensor x) (access-tensor y)))",
             {"x": (6, 33), "y": (6, 33)}, ["elementwise"]),

@@ -17,7 +17,7 @@ needs_nvcc = pytest.mark.skipif(cuda.nvcc_path() is None,
 # One case per kernel kind and variant (each compiles in about half a second).
 CASES = ["gemm-relu", "gemm-batched", "gemm-residual", "conv-clip", "gemv-sigmoid", "maxpool",
          "mean-long-rows", "softmax-long-rows", "layernorm-affine", "chain-gelu-sigmoid-tanh",
-         "pow", "lrn", "select"]
+         "pow", "lrn", "select", "chain-op-mul-tanh-sigmoid", "gemm-chain-residual"]
 
 
 def _kernels(case):

@@ -31,6 +31,16 @@ def test_model_matches_onnxruntime(builder, triton_run):
     _check(apsat.load_onnx(getattr(models, builder)()), triton_run)
 
 
+@pytest.mark.parametrize("ops", [("Add", "Relu", "Sigmoid"), ("Mul", "Tanh")], ids=["add-relu-sigmoid", "mul-tanh"])
+def test_elementwise_run_is_one_chain_kernel_matching_onnxruntime(ops, triton_run):
+    """fusion/chain leaves one `compute (chain ...)`; its one element-wise Triton kernel
+    equals onnxruntime."""
+    res = _check(apsat.load_onnx(models.elementwise_chain(ops)), triton_run)
+    (kernel,) = lower(res.program).steps
+    assert kernel.kind == "elementwise" and kernel.name == "k00_elementwise_chain"
+    assert len(kernel.covers) == len(ops)
+
+
 def _cos_model():
     """MatMul, Cos (no lowering: an opaque call), Relu."""
     w = (np.random.default_rng(0).standard_normal((19, 23)) * 0.3).astype(np.float32)

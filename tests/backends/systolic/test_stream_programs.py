@@ -173,7 +173,8 @@ def test_a_tile_that_cannot_be_formed_is_refused_in_one_line():
 
 
 def _op_text(name: str) -> str:
-    params = {"clip": "-0.5 0.5", "layer-norm": "1e-05", "lrn": "3 0.0001 0.75 1.0"}
+    params = {"clip": "-0.5 0.5", "layer-norm": "1e-05", "lrn": "3 0.0001 0.75 1.0",
+              "chain": "elementwise-div sqrt"}
     spec = COMPUTE_OPS[name]
     return f"({name} {params[name]})" if spec.params else name
 
@@ -189,7 +190,7 @@ def test_every_compute_operator_runs_on_the_vector_unit_or_is_a_named_host_step(
         op = _op_text(name)
         if name == "dot-product":
             continue                      # test_a_dot_product_left_off_the_array_is_a_named_host_step
-        if name in PAIRWISE:
+        if name in PAIRWISE or name == "chain":
             text = f"(compute {op} (access-pair (access (access-tensor x) 1) (access (access-tensor y) 1)))"
         elif name == "select":
             text = f"(compute {op} (access (access-tensor z) 1))"
@@ -202,3 +203,37 @@ def test_every_compute_operator_runs_on_the_vector_unit_or_is_a_named_host_step(
         np.testing.assert_allclose(sab.simulate(stream, feeds)["out"], evaluate(prog, feeds),
                                    rtol=1e-6, atol=1e-6, err_msg=name)
         assert sab.cycles(stream)["busy"]["vector"] > 0, name
+
+
+# (chain operator, operand, VEC mode): a chain is one VEC whose op text is its surface syntax
+CHAINS = [
+    ("(chain (chain elementwise-add relu) sigmoid)",
+     "(access-pair (access (access-tensor x) 1) (access (access-tensor y) 1))", "zip"),
+    ("(chain (chain exp (clip -0.5 0.5)) tanh)", "(access (access-tensor x) 1)", "map"),
+    ("(chain select gelu)", "(access (access-tensor z) 1)", "row"),
+]
+
+
+@pytest.mark.parametrize("op,operand,mode", CHAINS, ids=[c[2] for c in CHAINS])
+def test_chain_operator_is_one_vec_instruction(op, operand, mode):
+    from apsat.backends.systolic.timing import vec_cycles
+    from apsat.extract.workload import operator_flops
+    from apsat.egraph.syntax import parse_compute_op
+    from apsat.targets.systolic import vector_cycles
+
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((4, 6)).astype(np.float32),
+             "y": rng.standard_normal((4, 6)).astype(np.float32),
+             "z": rng.standard_normal((4, 3, 6)).astype(np.float32)}
+    prog = apsat.parse(f"(compute {op} {operand})", {k: v.shape for k, v in feeds.items()})
+    acc = small_acc()
+    stream = sab.compile(prog, acc)
+    vecs = [i for i in stream.main if isinstance(i, Vec)]
+    assert [(v.mode, v.op) for v in vecs] == [(mode, op)] * len(vecs) and vecs
+    assert sab.parse(sab.to_text(stream)).main == stream.main
+    np.testing.assert_allclose(sab.simulate(stream, feeds)["out"], evaluate(prog, feeds),
+                               rtol=1e-6, atol=1e-6)
+    # the vector unit's work is the sum of the chain's parts
+    ins = vecs[0]
+    work = operator_flops(parse_compute_op(op), sum(s.region.size for s in ins.srcs), ins.dst.region.size)
+    assert vec_cycles(acc, ins) == vector_cycles(acc, int(work), 1)
