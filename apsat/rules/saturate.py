@@ -26,17 +26,21 @@ class Phase:
 
 # Why this order: layout and algebra first simplify what the importer wrote, so fusion
 # and the hardware mappings then match the cleaned-up forms; layout runs again after
-# fusion ("relayout"): fusion builds its atoms under the importer's NCHW transposes, and
-# layout/transpose-injective then joins them to the NHWC classes the first layout phase
-# built, so convolutions read fused results without a transpose; im2col must run before
+# fusion ("relayout", the layout-join ruleset): fusion builds its atoms under the
+# importer's NCHW transposes, and layout/transpose-injective then joins them to the NHWC
+# classes the first layout phase built, so convolutions read fused results without a
+# transpose. Layout stops at 12 iterations: on DenseNet-121 it otherwise keeps composing
+# transposes through the dense blocks' concatenations for 20+ iterations, at 0.5-0.9 s
+# each, long after the conv/pool/concat chains it needs have turned NHWC; im2col must run before
 # systolic, whose pattern it produces. Fusion runs for systolic targets too: the backend
 # maps a fused atom to the array plus a vector epilogue, saving the bias/activation DRAM
 # round trips (benchmarks/systolic.py: squeezenet 1.80x less DRAM traffic on 32x32).
 PLANS: dict[str, tuple[Phase, ...]] = {
-    "gpu": (Phase("layout", ("layout",)), Phase("algebra", ("algebra",), iter_limit=8),
-            Phase("fusion", ("fusion",)), Phase("relayout", ("layout", "fusion"))),
-    "systolic": (Phase("layout", ("layout",)), Phase("fusion", ("fusion",)), Phase("relayout", ("layout", "fusion")),
-                 Phase("im2col", ("im2col",), iter_limit=16), Phase("systolic", ("systolic",))),
+    "gpu": (Phase("layout", ("layout",), iter_limit=12), Phase("algebra", ("algebra",), iter_limit=8),
+            Phase("fusion", ("fusion",)), Phase("relayout", ("layout-join",))),
+    "systolic": (Phase("layout", ("layout",), iter_limit=12), Phase("fusion", ("fusion",)),
+                 Phase("relayout", ("layout-join",)), Phase("im2col", ("im2col",), iter_limit=16),
+                 Phase("systolic", ("systolic",))),
 }
 
 

@@ -29,8 +29,13 @@ WIN = ("(access-squeeze (access-windows (access (access-tensor x) 1) (shape 3 3 
 CW = "(access (access-tensor cw) 1)"                    # conv weight (5, 3, 3, 3)
 CONV_NHWC = f"(compute dot-product (access-cartesian-product {WIN} {CW}))"  # ((1, 4, 4, 5), ())
 CONV = f"(access-transpose {CONV_NHWC} (list 0 3 1 2))"                    # NCHW (1, 5, 4, 4)
+# the same convolution over NHWC data xh (1, 6, 6, 3), weights permuted to ((5), (3, 3, 3)) by (0 2 3 1)
+WIN_P = "(access-squeeze (access-windows (access (access-tensor xh) 1) (shape 3 3 3) (shape 1 1 1)) 3)"
+CW_P = "(access-transpose (access (access-tensor cw) 1) (list 0 2 3 1))"
+CONV_P = f"(access-transpose (compute dot-product (access-cartesian-product {WIN_P} {CW_P})) (list 0 3 1 2))"
+CFDB_P = f"(fused-dot-bias {WIN_P} {CW_P} (access (access-tensor cb) 1))"
 SHAPES = {"a": (5, 6), "w": (4, 6), "b": (4,), "r": (5,), "x": (1, 3, 6, 6), "cw": (5, 3, 3, 3),
-          "cb": (5,), "s": (5,), "q": (4,), "wt": (6, 4)}
+          "cb": (5,), "s": (5,), "q": (4,), "wt": (6, 4), "xh": (1, 6, 6, 3)}
 
 
 def vec(name, reshape, target=None):
@@ -99,6 +104,12 @@ REACH = [
     ("fusion/scale-fold-biased-transposed", mul(f"(access-transpose {CFDB} (list 0 3 1 2))", SVEC),
      "(access-transpose (fused-dot-bias ?a (compute elementwise-mul ?p) (compute elementwise-mul ?q)) "
      "(list 0 3 1 2))"),
+    ("fusion/scale-fold-transposed-nhwc", mul(CONV_P, SVEC),
+     "(access-transpose (compute dot-product (access-cartesian-product ?a (compute elementwise-mul ?p))) "
+     "(list 0 3 1 2))"),
+    ("fusion/scale-fold-biased-transposed-nhwc", mul(f"(access-transpose {CFDB_P} (list 0 3 1 2))", SVEC),
+     "(access-transpose (fused-dot-bias ?a (compute elementwise-mul ?p) (compute elementwise-mul ?q)) "
+     "(list 0 3 1 2))"),
     ("fusion/relu", f"(compute relu {FDB})", "(fused-dot-bias-act relu ?a ?b ?c)"),
     ("fusion/relu-transposed", f"(compute relu (access-transpose {CFDB} (list 0 3 1 2)))",
      "(access-transpose (fused-dot-bias-act relu ?a ?b ?c) (list 0 3 1 2))"),
@@ -165,6 +176,12 @@ REFUSE = [
     ("fusion/scale-fold", mul("(compute dot-product (access-cartesian-product "
                               f"{A} (access-transpose (access (access-tensor wt) 1) (list 1 0))))", BIAS)),
     ("fusion/scale-fold-transposed", mul(CONV, HVEC)),
+    ("fusion/scale-fold-transposed-nhwc", mul(CONV_P, HVEC)),                 # not per channel
+    ("fusion/scale-fold-biased-transposed-nhwc", mul(f"(access-transpose {CFDB_P} (list 0 3 1 2))", HVEC)),
+    # permuted weights, but not by (0 2 3 1): its item is not the tensor's (kh, kw, c)
+    ("fusion/scale-fold-transposed-nhwc", mul(
+        "(access-transpose (compute dot-product (access-cartesian-product "
+        f"{WIN_P} (access-transpose (access (access-tensor cw) 1) (list 0 1 3 2)))) (list 0 3 1 2))", SVEC)),
     ("fusion/scale-fold-biased-transposed", mul(f"(access-transpose {CFDB} (list 0 3 1 2))", HVEC)),
     ("fusion/gelu-erf", gelu_text(MM, sqrt2=1.7320508075688772)),      # x / sqrt 3: not GELU
     ("fusion/relu-unbiased", f"(compute relu {MM_SPLIT2})"),            # b not split 1

@@ -43,7 +43,10 @@ def test_resnet50_by_regions_reuses_blocks_and_verifies(target):
     report = eg.saturate(regions=model.program)
     stats = report["regions"]
     assert stats["regions"] == 77 and stats["distinct"] == 26 and stats["reuse_rate"] > 0.6
-    assert all(ph["stop_reason"] == "saturated" for ph in report["phases"])
+    # every phase saturates but layout, which the default plans stop after 12 iterations
+    # (apsat/rules/saturate.py says why)
+    assert all(ph["stop_reason"] == "saturated" or (ph["phase"], ph["stop_reason"]) == ("layout", "iter_limit")
+               for ph in report["phases"])
     assert report["nodes"] > len(model.program.terms())
     v = verify_program(model, extract(eg, handles), random_inputs(model, 0))
     assert v.ok, v
