@@ -34,8 +34,17 @@ WIN_P = "(access-squeeze (access-windows (access (access-tensor xh) 1) (shape 3 
 CW_P = "(access-transpose (access (access-tensor cw) 1) (list 0 2 3 1))"
 CONV_P = f"(access-transpose (compute dot-product (access-cartesian-product {WIN_P} {CW_P})) (list 0 3 1 2))"
 CFDB_P = f"(fused-dot-bias {WIN_P} {CW_P} (access (access-tensor cb) 1))"
+# a grouped convolution the importer's way: 2 groups of 2 -> 3 channels, 3x3 over gx (1, 4, 6, 6),
+# weights gw (6, 2, 3, 3), result reshaped to NCHW (1, 6, 4, 4)
+GFULL = "(access-shape (shape 1 2 3 4 4) (shape 2 3 3))"
+GWIN = ("(access-broadcast (access-insert-axis (access-squeeze (access-windows (access-reshape (access-tensor gx) "
+        f"(access-shape (shape 1 2) (shape 2 6 6))) (shape 2 3 3) (shape 1 1 1)) 2) 2) {GFULL})")
+GWT = f"(access-broadcast (access-reshape (access-tensor gw) (access-shape (shape 1 2 3 1 1) (shape 2 3 3))) {GFULL}"
+GROUPED = (f"(access-reshape (compute dot-product (access-pair {GWIN} {GWT}))) "
+           "(access-shape (shape 1 6 4 4) (shape)))")
 SHAPES = {"a": (5, 6), "w": (4, 6), "b": (4,), "r": (5,), "x": (1, 3, 6, 6), "cw": (5, 3, 3, 3),
-          "cb": (5,), "s": (5,), "q": (4,), "wt": (6, 4), "xh": (1, 6, 6, 3)}
+          "cb": (5,), "s": (5,), "q": (4,), "wt": (6, 4), "xh": (1, 6, 6, 3),
+          "gx": (1, 4, 6, 6), "gw": (6, 2, 3, 3), "gs": (6,), "gh": (4,)}
 
 
 def vec(name, reshape, target=None):
@@ -57,6 +66,8 @@ ROWVEC = vec("r", "5 1", "5 4")               # per row of MM: not a bias of the
 CVEC = vec("cb", "1 5 1 1", "1 5 4 4")        # per channel of CONV
 SVEC = vec("s", "1 5 1 1", "1 5 4 4")
 HVEC = vec("q", "1 1 4 1", "1 5 4 4")         # along H of CONV: not per channel
+GSVEC = vec("gs", "1 6 1 1", "1 6 4 4")       # per channel of GROUPED
+GHVEC = vec("gh", "1 1 4 1", "1 6 4 4")       # along H of GROUPED: not per channel
 FDB = f"(fused-dot-bias {A} {W} (access (access-tensor b) 1))"
 CFDB = f"(fused-dot-bias {WIN} {CW} (access (access-tensor cb) 1))"
 
@@ -110,6 +121,9 @@ REACH = [
     ("fusion/scale-fold-biased-transposed-nhwc", mul(f"(access-transpose {CFDB_P} (list 0 3 1 2))", SVEC),
      "(access-transpose (fused-dot-bias ?a (compute elementwise-mul ?p) (compute elementwise-mul ?q)) "
      "(list 0 3 1 2))"),
+    ("fusion/scale-fold-grouped", mul(GROUPED, GSVEC),
+     "(access-reshape (compute dot-product (access-pair ?x (access-broadcast (access-reshape "
+     "(compute elementwise-mul ?p) ?lw) ?tw))) ?ly)"),
     ("fusion/relu", f"(compute relu {FDB})", "(fused-dot-bias-act relu ?a ?b ?c)"),
     ("fusion/relu-transposed", f"(compute relu (access-transpose {CFDB} (list 0 3 1 2)))",
      "(access-transpose (fused-dot-bias-act relu ?a ?b ?c) (list 0 3 1 2))"),
@@ -176,6 +190,7 @@ REFUSE = [
     ("fusion/scale-fold", mul("(compute dot-product (access-cartesian-product "
                               f"{A} (access-transpose (access (access-tensor wt) 1) (list 1 0))))", BIAS)),
     ("fusion/scale-fold-transposed", mul(CONV, HVEC)),
+    ("fusion/scale-fold-grouped", mul(GROUPED, GHVEC)),                       # not per channel
     ("fusion/scale-fold-transposed-nhwc", mul(CONV_P, HVEC)),                 # not per channel
     ("fusion/scale-fold-biased-transposed-nhwc", mul(f"(access-transpose {CFDB_P} (list 0 3 1 2))", HVEC)),
     # permuted weights, but not by (0 2 3 1): its item is not the tensor's (kh, kw, c)
