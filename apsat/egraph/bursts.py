@@ -12,15 +12,16 @@ from __future__ import annotations
 import math
 import re
 import time
-from pathlib import Path
 
 from egglog import bindings
 
+from apsat.egraph.egglog_io import language_text
 from apsat.egraph.ops import OPS
 from apsat.errors import EGraphError
 
-# Rules of the `shapes` ruleset (language.egg): left out of the per-rule match counts.
-SHAPE_RULE_NAMES = set(re.findall(r':name "([^"]+)"', Path(__file__).with_name("language.egg").read_text()))
+# Rules of the `shapes` ruleset (language.egg, shape_rules.egg): left out of the per-rule
+# match counts.
+SHAPE_RULE_NAMES = set(re.findall(r':name "([^"]+)"', language_text()))
 
 
 def run(eg, rulesets, iter_limit: int = 30, node_limit: int = 100_000,

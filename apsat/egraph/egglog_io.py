@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 import tempfile
+from pathlib import Path
 from typing import Iterator
 
 from egglog.bindings import EggSmolError
@@ -19,6 +20,9 @@ from egglog.bindings import EggSmolError
 from apsat.errors import EGraphError
 
 _MAX_MESSAGE = 300
+# The language's egglog files, in load order: declarations and the shape store first, then
+# the per-op shape rules that use them.
+LANGUAGE_FILES = tuple(Path(__file__).with_name(n) for n in ("language.egg", "shape_rules.egg"))
 _depth = 0  # nesting level of captured_stderr (egglog is single-threaded here)
 
 
@@ -96,3 +100,8 @@ def run_text(graph, text: str, what: str) -> list:
     returns egglog's outputs."""
     with egglog_call(what):
         return graph.run_program(*graph.parse_program(text))
+
+
+def language_text() -> str:
+    """The language's egglog text: LANGUAGE_FILES joined in load order."""
+    return "\n".join(f.read_text() for f in LANGUAGE_FILES)

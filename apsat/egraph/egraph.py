@@ -1,8 +1,8 @@
 """The e-graph driver: programs in, named rulesets run in bounded bursts, JSON out.
 
-The language and its shape analysis live in language.egg (egglog text); this module feeds
-it through `egglog.bindings.EGraph`. Every distinct term of an added program becomes one
-row `(set (handle N) <node>)`, children referenced as `(handle M)`. A handle is that text:
+The language and its shape analysis live in language.egg and shape_rules.egg (egglog
+text); this module feeds it through `egglog.bindings.EGraph`. Every distinct term of an
+added program becomes one row `(set (handle N) <node>)`, children referenced as `(handle M)`. A handle is that text:
 a stable string that names the term's e-class in any later egglog text (rules, checks,
 unions) and across unions. A `handle` function is used rather than one `let` global per
 term because each global is a table of its own and loading slows quadratically with them
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from pathlib import Path
 
 from egglog import bindings
 
@@ -30,7 +29,7 @@ from apsat.egraph.syntax import VAR, egg_ints, egg_node, egg_string, parse_term
 from apsat.egraph.term import Term, postorder
 from apsat.errors import EGraphError, ShapeError
 
-LANGUAGE = (Path(__file__).with_name("language.egg")).read_text()
+LANGUAGE = egglog_io.language_text()
 from apsat.targets import parse_target  # noqa: E402
 from apsat.egraph.ops import EGG_NAMES as EGG_RENAME  # noqa: E402  (see ops.EGG_NAMES)
 _EGG_TO_REGISTRY = {v: k for k, v in EGG_RENAME.items()}
@@ -82,9 +81,9 @@ class EGraph:
     Not thread-safe (egglog's EGraph is unsendable): create and use it in one thread."""
 
     def __init__(self, target: str = "gpu", seed_every: int = 16):
-        """Load language.egg. `target` is stored for the rules and cost models that read
-        it; `seed_every` is how often Python's shapes are seeded along a path (0: never,
-        egglog derives every shape; 1: every term)."""
+        """Load the language (language.egg, shape_rules.egg). `target` is stored for the
+        rules and cost models that read it; `seed_every` is how often Python's shapes are
+        seeded along a path (0: never, egglog derives every shape; 1: every term)."""
         self.target = parse_target(target)
         self.seed_every = seed_every
         self._g = bindings.EGraph()
@@ -97,7 +96,7 @@ class EGraph:
         self.opaque_nodes: dict = {}            # opaque calls of added programs, by call name
         self.weights: frozenset = frozenset()   # tensors known at load time (Program.weights)
         self.outputs: dict[str, str] = {}       # output name -> handle, latest add wins
-        self.load_text(LANGUAGE, what="loading language.egg")
+        self.load_text(LANGUAGE, what="loading the language (language.egg, shape_rules.egg)")
         if self.target.facts():
             self.load_text(self.target.facts(), what=f"setting facts for target {self.target.name}")
 

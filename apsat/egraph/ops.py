@@ -3,7 +3,7 @@
 Each entry declares the op's argument kinds (its signature), its shape rule in Python, and
 where ONNX programs get it from. The other per-op parts live with their layer and are
 checked against this registry by tests/test_registry.py: the egglog declaration and shape
-rule (language.egg), the reference semantics (backends/reference.py) and the importer
+rule (language.egg, shape_rules.egg), the reference semantics (backends/reference.py) and the importer
 (egraph/importer.py).
 
 An access pattern's shape is a pair ((iterated dims), (item dims)), after Glenside.

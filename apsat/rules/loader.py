@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from apsat.egraph.egglog_io import language_text
 from apsat.errors import RuleError
 from apsat.rules.sexpr import Atom, Form, SexprError, atoms, calls, read_forms
 
 BUILTIN_DIR = Path(__file__).resolve().parent
-LANGUAGE = BUILTIN_DIR.parent / "egraph" / "language.egg"
 RULE_FORMS = {"rewrite", "birewrite", "rule"}
 DECLARATIONS = {"ruleset", "relation", "function"}
 # egglog primitives and action keywords a rule may use (no arity check)
@@ -58,9 +58,10 @@ class RuleFile:
 
 @lru_cache(maxsize=1)
 def language_signatures() -> dict[str, int | None]:
-    """Name -> arity of every constructor, function and relation language.egg declares."""
+    """Name -> arity of every constructor, function and relation the language's egglog
+    files (language.egg, shape_rules.egg) declare."""
     sig: dict[str, int | None] = {}
-    for form in read_forms(LANGUAGE.read_text()):
+    for form in read_forms(language_text()):
         if not isinstance(form, Form):
             continue
         if form.head in ("datatype", "datatype*"):
