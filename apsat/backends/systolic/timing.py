@@ -33,8 +33,7 @@ from __future__ import annotations
 import math
 
 from apsat.backends.systolic.isa import ARRAY, Copy, Host, Load, Matmul, Preload, Store, Stream, Vec
-from apsat.backends.systolic.vector import parse_op
-from apsat.egraph.term import Term
+from apsat.backends.systolic.vector import operator_term
 from apsat.extract.cost_systolic import HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE
 from apsat.extract.workload import operator_flops
 from apsat.targets.systolic import VECTOR_OPS_PER_MAC, dram_cycles, gemm_cost, vector_cycles
@@ -56,8 +55,7 @@ def vec_cycles(acc, ins: Vec) -> int:
         return vector_cycles(acc, out, 1)
     if ins.mode == "dot":
         return vector_cycles(acc, ins.srcs[0].region.size, VECTOR_OPS_PER_MAC)
-    name, params = parse_op(ins.op)
-    work = operator_flops(Term(name, params), sum(s.region.size for s in ins.srcs), out)
+    work = operator_flops(operator_term(ins.op), sum(s.region.size for s in ins.srcs), out)
     return vector_cycles(acc, math.ceil(work), 1)
 
 

@@ -27,6 +27,7 @@ operand's view); a concatenation is one COPY per part.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from apsat.backends.systolic.isa import Copy, Operand, Region, Slot, Store, Vec
 from apsat.egraph.ops import COMPUTE_OPS
@@ -53,10 +54,17 @@ def op_text(op) -> str:
 def parse_op(text: str) -> tuple[str, tuple]:
     """(name, params) of an operator written by op_text; a chain's params are its two
     operator terms (what compute_semantics.apply_compute takes)."""
+    op = operator_term(text)
+    return op.op, op.args
+
+
+@lru_cache(maxsize=None)
+def operator_term(text: str):
+    """The operator term op_text wrote as `text`. Cached: the simulator and the cycle model
+    read it for every VEC of a stream, and a stream repeats a few operators many times."""
     from apsat.egraph.syntax import parse_compute_op
 
-    op = parse_compute_op(text)
-    return op.op, op.args
+    return parse_compute_op(text)
 
 
 def op_parts(op) -> tuple[str, ...]:
