@@ -37,6 +37,9 @@ The model follows SCALE-Sim 3.0 (`scalesim` on PyPI), which it is calibrated aga
   over-fetches and counts each read stall twice (see benchmarks/calibrate_systolic.py),
   so read stalls follow the streaming model above rather than SCALE-Sim.
 
+A flexible array (dataflow "flex") runs each product in the dataflow of fewest total
+cycles; every figure above is then that dataflow's.
+
 Units: one word is one tensor element. Scratchpad sizes are given in kB of SCALE-Sim's
 one-byte words, so 1 kB holds 1024 words (elements).
 """
@@ -51,6 +54,7 @@ from pathlib import Path
 from apsat.errors import ApsatError
 
 DATAFLOWS = ("os", "ws", "is")
+FLEX = "flex"          # the array is configured per product: each GEMM takes its best dataflow
 WORDS_PER_KB = 1024
 
 
@@ -59,8 +63,12 @@ class Accelerator:
     """A systolic-array accelerator.
 
     rows, cols: the PE array (rows x cols multiply-accumulate units).
-    dataflow: "os" (output stationary), "ws" (weight stationary) or "is" (input
-        stationary, SCALE-Sim's third dataflow).
+    dataflow: "os" (output stationary), "ws" (weight stationary), "is" (input
+        stationary, SCALE-Sim's third dataflow), or "flex": the array is reconfigured
+        per product, each GEMM taking the dataflow with the fewest total cycles under
+        this model (ties: os, ws, is in that order). A flexible array's per-product
+        figures are each one of the three fixed dataflows', so the SCALE-Sim
+        calibration carries over product by product.
     ifmap_kb, filter_kb, ofmap_kb: scratchpad sizes in kB, 1 kB = 1024 words (elements);
         each is double buffered (half feeds the array, half fills from DRAM).
     dram_bandwidth: words per cycle on each scratchpad's DRAM interface (the three
@@ -87,8 +95,8 @@ class Accelerator:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ApsatError(f"{who}: {f} must be a positive integer, got {v!r}")
-        if self.dataflow not in DATAFLOWS:
-            raise ApsatError(f"{who}: unknown dataflow {self.dataflow!r} (use os, ws or is)")
+        if self.dataflow not in DATAFLOWS + (FLEX,):
+            raise ApsatError(f"{who}: unknown dataflow {self.dataflow!r} (use os, ws, is or flex)")
         bw = self.dram_bandwidth
         if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
             raise ApsatError(f"{who}: dram_bandwidth must be a positive number of words "
@@ -126,9 +134,19 @@ class Accelerator:
         """Peak multiply-accumulates per cycle (rows * cols)."""
         return self.rows * self.cols
 
-    def fill_cycles(self) -> int:
-        """Cycles one fold adds to its T streaming cycles (pipeline fill and drain)."""
-        if self.dataflow == "os":
+    @property
+    def dataflows(self) -> tuple[str, ...]:
+        """The dataflows a product may take: all three for "flex", else the one."""
+        return DATAFLOWS if self.dataflow == FLEX else (self.dataflow,)
+
+    def fill_cycles(self, dataflow: str | None = None) -> int:
+        """Cycles one fold adds to its T streaming cycles (pipeline fill and drain) under
+        `dataflow` (default: the accelerator's; a flexible array needs one named)."""
+        df = dataflow or self.dataflow
+        if df not in DATAFLOWS:
+            raise ApsatError(f"accelerator {self.name!r}: fill cycles need a dataflow "
+                             f"(os, ws or is), got {df!r}")
+        if df == "os":
             return self.rows + self.cols - 2
         return 2 * self.rows + self.cols - 2
 
@@ -192,6 +210,7 @@ class GemmCost:
     docstring for the model). Cycle counts are integers; `total_cycles` is the one number
     a cost model wants.
 
+    dataflow: the dataflow the product runs in (os, ws or is).
     sr, sc, t: the dataflow's mapping (spatial rows, spatial columns, temporal).
     row_folds, col_folds, folds: ceil(sr/rows), ceil(sc/cols), their product.
     compute_cycles: folds * (t + fill) - 1, the cycles with unlimited bandwidth.
@@ -205,6 +224,7 @@ class GemmCost:
     m: int
     k: int
     n: int
+    dataflow: str
     sr: int
     sc: int
     t: int
@@ -261,19 +281,30 @@ def _write_end(words: int, capacity: int, bw: float, compute: int) -> float:
     return compute * (capacity // 2) / words + (words - capacity) / bw
 
 
-def gemm_cost(acc: Accelerator, m: int, k: int, n: int) -> GemmCost:
+def gemm_cost(acc: Accelerator, m: int, k: int, n: int, dataflow: str | None = None) -> GemmCost:
     """The cost of an (m x k) . (k x n) product on `acc`, mapped as SCALE-Sim maps a conv
-    layer with P = m output pixels, window k and n filters. m, k, n are positive ints
-    (numpy integers too; ApsatError otherwise). Pure and cheap (O(1)): call it per
-    e-node."""
+    layer with P = m output pixels, window k and n filters, in `dataflow` (os, ws or is;
+    default: the accelerator's, or for a flexible array the one of fewest total cycles).
+    m, k, n are positive ints (numpy integers too; ApsatError otherwise). Pure and cheap
+    (O(1)): call it per e-node."""
     for v, label in ((m, "m"), (k, "k"), (n, "n")):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
             raise ApsatError(f"gemm_cost: {label} must be a positive integer, got {v!r}")
     m, k, n = int(m), int(k), int(n)
-    rows, cols, df = acc.rows, acc.cols, acc.dataflow
+    if dataflow is None and acc.dataflow == FLEX:
+        return min((_gemm_cost(acc, m, k, n, df) for df in DATAFLOWS),
+                   key=lambda c: (c.total_cycles, c.dram_words))
+    df = dataflow or acc.dataflow
+    if df not in DATAFLOWS:
+        raise ApsatError(f"gemm_cost: unknown dataflow {df!r} (use os, ws or is)")
+    return _gemm_cost(acc, m, k, n, df)
+
+
+def _gemm_cost(acc: Accelerator, m: int, k: int, n: int, df: str) -> GemmCost:
+    rows, cols = acc.rows, acc.cols
     sr, sc, t = _mapping(df, m, k, n)
     fr, fc = -(-sr // rows), -(-sc // cols)
-    compute = fr * fc * (t + acc.fill_cycles()) - 1
+    compute = fr * fc * (t + acc.fill_cycles(df)) - 1
 
     a_act, b_act = acc.ifmap_words // 2, acc.filter_words // 2
     a_words, b_words = m * k, k * n
@@ -300,7 +331,7 @@ def gemm_cost(acc: Accelerator, m: int, k: int, n: int) -> GemmCost:
               _read_end(b_reads, b_act, bw, compute),
               _write_end(c_writes, acc.ofmap_words, bw, compute))
     total = max(compute, math.ceil(end))
-    return GemmCost(m, k, n, sr, sc, t, fr, fc, compute, a_reads, b_reads, c_writes,
+    return GemmCost(m, k, n, df, sr, sc, t, fr, fc, compute, a_reads, b_reads, c_writes,
                     total - compute, total, m * k * n / (rows * cols * max(total, 1)))
 
 

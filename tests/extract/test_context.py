@@ -96,6 +96,32 @@ def test_systolic_model_prefers_the_array_to_the_host():
     assert "systolic-array" in best.op_counts()
 
 
+def test_systolic_model_on_a_flexible_array_prices_each_product_in_its_best_dataflow():
+    import dataclasses
+
+    from apsat.targets.systolic import PRESETS, gemm_cost
+
+    # 3136 x 64 x 64 (a ResNet-50 1x1 convolution): weight stationary is the fastest on
+    # 32x32, output stationary (the preset's own) more than twice as slow
+    shapes = {"x": (3136, 64), "w": (64, 64)}
+    term = parse_term(MATMUL.replace("(access-tensor a)", "(access-tensor x)").replace("(access-tensor b)", "(access-tensor w)"))
+    costs = {}
+    for df in ("os", "flex"):
+        acc = dataclasses.replace(PRESETS["32x32"], dataflow=df, name=df)
+        eg = EGraph(acc)
+        h = eg.add(term, shapes)
+        eg.saturate(["systolic"])
+        best = extract(eg, h)
+        assert best.op_counts().get("systolic-array") == 1
+        costs[df] = best.cost
+    flex = dataclasses.replace(PRESETS["32x32"], dataflow="flex")
+    assert gemm_cost(flex, 3136, 64, 64).dataflow == "ws"
+    # the programs are alike (the product and w's transpose): they differ by the product
+    product = {df: gemm_cost(flex, 3136, 64, 64, df).total_cycles for df in ("os", "ws")}
+    assert costs["os"] - costs["flex"] == product["os"] - product["ws"]
+    assert costs["os"] > 1.5 * costs["flex"]
+
+
 def test_shapes_are_required_by_size_based_models():
     from apsat.extract.cost import cost_model
     from apsat.extract.graph import ExtractionGraph

@@ -84,7 +84,7 @@ def test_toml_defaults_and_unlimited_bandwidth(tmp_path):
     ("rows = 0\ncols = 4\n", "rows must be a positive integer, got 0"),
     ("rows = 4\ncols = -2\n", "cols must be a positive integer, got -2"),
     ('rows = "32"\ncols = 4\n', "rows must be a positive integer, got '32'"),
-    ('rows = 4\ncols = 4\ndataflow = "rs"\n', "unknown dataflow 'rs' (use os, ws or is)"),
+    ('rows = 4\ncols = 4\ndataflow = "rs"\n', "unknown dataflow 'rs' (use os, ws, is or flex)"),
     ("rows = 64\ncols = 64\nfilter_kb = 2\n",
      "the filter scratchpad (2 kB = 2048 words) cannot hold one 64x64 tile (4096 words)"),
     ("rows = 4\ncols = 4\ndram_bandwidth = 0\n", "dram_bandwidth must be a positive number"),

@@ -1,4 +1,5 @@
-"""GEMMs on the array: an (m x k) . (k x n) product tiled for the accelerator's dataflow.
+"""GEMMs on the array: an (m x k) . (k x n) product tiled for its dataflow (the
+accelerator's, or on a flexible array the one gemm_cost finds fastest for the product).
 
 The tiling follows the analytical model in apsat/targets/systolic.py (gemm_cost), so the
 stream moves the words that model counts and runs the folds it counts:
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from apsat.backends.systolic.isa import ARRAY, Copy, Matmul, Operand, Preload, Region, Slot, Store, Vec
 from apsat.backends.systolic.views import footprint
 from apsat.errors import ApsatError
+from apsat.targets.systolic import gemm_cost
 
 
 @dataclass
@@ -70,6 +72,13 @@ class Gemm:
 
 def _folds(size: int, step: int) -> list[tuple[int, int]]:
     return [(i, min(i + step, size)) for i in range(0, size, step)]
+
+
+def _even(size: int, step: int) -> list[tuple[int, int]]:
+    """As few chunks of at most `step` as _folds, of near-equal sizes: a short last
+    chunk would leave too little time to load the next one behind it."""
+    parts = -(-size // step)
+    return [(size * i // parts, size * (i + 1) // parts) for i in range(parts)]
 
 
 def _whole(slot: Slot) -> Operand:
@@ -126,7 +135,9 @@ def a_mode(L, base_a: str, aview: str, words: int, materialise: bool) -> str:
 
 
 def product(L, g: Gemm) -> None:
-    """Emit the instructions of product `g` (its a_mode set) for the dataflow."""
+    """Emit the instructions of product `g` (its a_mode set) in the dataflow gemm_cost
+    gives it: the accelerator's, or a flexible array's best for this product. The
+    group records it (the last product of a grouped convolution's groups)."""
     acc = L.acc
     m, k, base_a = g.m, g.k, L.stream.views[g.a].base
     base_size = L.stream.buffers[base_a].size
@@ -138,7 +149,9 @@ def product(L, g: Gemm) -> None:
         mat = L.new_buffer((m, k))
         L.emit(Copy(mat, aview, L.dram_words(aview, m * k), tag=L.tag))
         g.a = L.buffer_matrix(mat, m, k)
-    {"os": _os, "ws": _ws, "is": _is}[acc.dataflow](L, g)
+    L.dataflow = gemm_cost(acc, g.m, g.k, g.n).dataflow
+    L.stream.groups[L.tag].dataflow = L.dataflow
+    {"os": _os, "ws": _ws, "is": _is}[L.dataflow](L, g)
 
 
 # ---- shared steps ---------------------------------------------------------------------------
@@ -159,7 +172,7 @@ def _a_operand(g, slot: Slot, region: Region, origin=(0, 0)) -> Operand:
 
 
 def _pass(L, dst: Operand, a, b, m, k, n, accumulate: bool, fill: bool) -> None:
-    L.emit(Matmul(dst, a, b, m, k, n, accumulate, fill, L.tag))
+    L.emit(Matmul(dst, a, b, m, k, n, accumulate, fill, L.tag, L.dataflow))
 
 
 def _block(L, rows: int, cols: int) -> Slot:
@@ -178,6 +191,24 @@ def _finish(L, g, oslot: Slot, region: Region, epilogue: bool, accumulate: bool)
             L.emit(Vec("map", g.act, full, (full,), (), L.tag))
     shape, where = g.c_region(region)
     L.emit(Store(g.c, shape, where, oslot, accumulate, L.tag))
+
+
+class _Deferred:
+    """The `_finish` of the previous output block, held back so that the next block's
+    partial-sum reload is issued before it: the ofmap DMA runs in order, and the reload
+    (into the other half) must not wait behind a store that waits for its epilogue."""
+
+    def __init__(self, L, g):
+        self.L, self.g, self.args = L, g, None
+
+    def flush(self) -> None:
+        if self.args is not None:
+            _finish(self.L, self.g, *self.args)
+            self.args = None
+
+    def finish(self, *args) -> None:
+        self.flush()
+        self.args = args
 
 
 def _reload_partials(L, g, oslot: Slot, region: Region) -> None:
@@ -224,7 +255,7 @@ def _os(L, g) -> None:
     if kc < 1:
         _refuse(L, f"a half scratchpad cannot hold one {mr}-row slice of A and one "
                    f"{nc}-column slice of B")
-    chunks = _folds(k, kc)
+    chunks = _even(k, kc)
     rows_blk = _out_rows(L, g, nc, R)
     group_a = max(1, Ha // (R * k)) if a_mode == "rows" else 0
 
@@ -314,19 +345,22 @@ def _ws(L, g) -> None:
         for ri, (k0, k1) in enumerate(k_folds):
             reload, epi, accumulate = _partials(g, ri, len(k_folds))
             a_fold = L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, k0, k1)) if a_how == "fold" else None
+            done = _Deferred(L, g)
             for gi in range(0, len(n_folds), per_block):
                 grp = n_folds[gi: gi + per_block]
                 cg0, cg1 = grp[0][0], grp[-1][1]
                 oslot = _block(L, m, cg1 - cg0)
                 if reload:
                     _reload_partials(L, g, oslot, Region(0, m, cg0, cg1))
+                done.flush()
                 for c0, c1 in grp:
                     weights(k0, k1, c0, c1)
                     reg = Region(0, m, k0, k1)
                     a = _a_operand(g, a_fold, reg, (0, k0)) if a_how == "fold" else _a_operand(g, a_slot, reg)
                     _pass(L, Operand(oslot, Region(0, m, c0 - cg0, c1 - cg0)), a, ARRAY,
                           m, k1 - k0, c1 - c0, reload, True)
-                _finish(L, g, oslot, Region(0, m, cg0, cg1), epi, accumulate)
+                done.finish(oslot, Region(0, m, cg0, cg1), epi, accumulate)
+            done.flush()
         return
     # Large m: each fold streams A in chunks of rows that fit an ifmap half and an ofmap
     # half; only the fold's first chunk pays the fill.
@@ -337,17 +371,20 @@ def _ws(L, g) -> None:
         for ri, (k0, k1) in enumerate(k_folds):
             reload, epi, accumulate = _partials(g, ri, len(k_folds))
             weights(k0, k1, c0, c1)
-            for m0, m1 in _folds(m, rows):
+            done = _Deferred(L, g)
+            for m0, m1 in _even(m, rows):
                 oslot = _block(L, m1 - m0, c1 - c0)
                 if reload:
                     _reload_partials(L, g, oslot, Region(m0, m1, c0, c1))
+                done.flush()
                 reg = Region(m0, m1, k0, k1)
                 if a_how == "fold":
                     a = _whole(L.load("ifmap", L.half("ifmap"), g.a, reg))
                 else:
                     a = _a_operand(g, a_slot, reg)
                 _pass(L, _whole(oslot), a, ARRAY, m1 - m0, k1 - k0, c1 - c0, reload, m0 == 0)
-                _finish(L, g, oslot, Region(m0, m1, c0, c1), epi, accumulate)
+                done.finish(oslot, Region(m0, m1, c0, c1), epi, accumulate)
+            done.flush()
 
 
 # ---- input stationary -----------------------------------------------------------------------
@@ -382,19 +419,22 @@ def _is(L, g) -> None:
         for ri, (k0, k1) in enumerate(k_folds):
             reload, epi, accumulate = _partials(g, ri, len(k_folds))
             b_fold = L.load("filter", L.half("filter"), g.b, Region(k0, k1, 0, n)) if b_how == "fold" else None
+            done = _Deferred(L, g)
             for gi in range(0, len(m_folds), per_block):
                 grp = m_folds[gi: gi + per_block]
                 mg0, mg1 = grp[0][0], grp[-1][1]
                 oslot = _block(L, mg1 - mg0, n)
                 if reload:
                     _reload_partials(L, g, oslot, Region(mg0, mg1, 0, n))
+                done.flush()
                 for c0, c1 in grp:
                     stationary(c0, c1, k0, k1)
                     b = Operand(b_slot, Region(k0, k1, 0, n)) if b_how == "all" else \
                         Operand(b_fold, Region(0, k1 - k0, 0, n))
                     _pass(L, Operand(oslot, Region(c0 - mg0, c1 - mg0, 0, n)), ARRAY, b,
                           c1 - c0, k1 - k0, n, reload, True)
-                _finish(L, g, oslot, Region(mg0, mg1, 0, n), epi, accumulate)
+                done.finish(oslot, Region(mg0, mg1, 0, n), epi, accumulate)
+            done.flush()
         return
     # Large n: each fold streams B in column chunks that fit a filter half and an ofmap
     # half; only the fold's first chunk pays the fill.
@@ -406,12 +446,15 @@ def _is(L, g) -> None:
         for ri, (k0, k1) in enumerate(k_folds):
             reload, epi, accumulate = _partials(g, ri, len(k_folds))
             stationary(c0, c1, k0, k1)
-            for n0, n1 in _folds(n, cols):
+            done = _Deferred(L, g)
+            for n0, n1 in _even(n, cols):
                 oslot = _block(L, c1 - c0, n1 - n0)
                 if reload:
                     _reload_partials(L, g, oslot, Region(c0, c1, n0, n1))
+                done.flush()
                 reg = Region(k0, k1, n0, n1)
                 b = Operand(b_slot, reg) if b_how == "all" else \
                     _whole(L.load("filter", L.half("filter"), g.b, reg))
                 _pass(L, _whole(oslot), ARRAY, b, c1 - c0, k1 - k0, n1 - n0, reload, n0 == 0)
-                _finish(L, g, oslot, Region(c0, c1, n0, n1), epi, accumulate)
+                done.finish(oslot, Region(c0, c1, n0, n1), epi, accumulate)
+            done.flush()

@@ -210,7 +210,9 @@ class Preload:
 @dataclass(frozen=True)
 class Matmul:
     """One pass: dst (+)= a @ b, a (m x k), b (k x n), dst (m x n); a or b may be ARRAY.
-    `fill`: this pass pays the fold's pipeline fill."""
+    `fill`: this pass pays the fold's pipeline fill. `dataflow`: the array's
+    configuration for the pass (os, ws or is; "" for the accelerator's own, which a
+    flexible array does not have)."""
 
     dst: Operand
     a: Union[Operand, str]
@@ -221,6 +223,7 @@ class Matmul:
     accumulate: bool = False
     fill: bool = True
     tag: str = ""
+    dataflow: str = ""
 
 
 @dataclass(frozen=True)
@@ -262,8 +265,9 @@ OPCODES = {Load: "LOAD", Store: "STORE", Copy: "COPY", Preload: "PRELOAD", Matmu
 @dataclass
 class Group:
     """One lowered program node: `kind` gemm / grouped / vector / copy / host, `label` what it is
-    (op name), and for GEMMs the product's m, k, n and how the left operand is read
-    (`a_mode`: dense, resident (im2col formed on chip) or im2col (materialised))."""
+    (op name), and for GEMMs the product's m, k, n, how the left operand is read
+    (`a_mode`: dense, resident (im2col formed on chip) or im2col (materialised)) and the
+    dataflow it runs in."""
 
     tag: str
     kind: str
@@ -272,6 +276,7 @@ class Group:
     k: int = 0
     n: int = 0
     a_mode: str = ""
+    dataflow: str = ""
 
 
 @dataclass

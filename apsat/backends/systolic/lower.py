@@ -74,6 +74,7 @@ class Lowering:
         self._count = {"x": 0, "w": 0, "c": 0, "t": 0, "v": 0, "L": 0}
         self.seq: list = self.stream.main
         self.tag = ""
+        self.dataflow = ""            # the dataflow of the product being emitted (gemm.product)
 
     # ---- names, buffers, views -------------------------------------------------------------
 

@@ -6,7 +6,7 @@ rebuilds an equal Stream (tests check it round-trips).
     .buffer x0 input 1x3x224x224 "data_0"          (weight buffers alike; temp: no tensor;
     .buffer c0 const - 0.5                          const: its value; `-` is a scalar)
     .view v3 x0 |windows 3x3x3/1x2x2/1x1x1@1 |reshape 12321x27
-    .group L0 gemm "systolic-array" m=12321 k=27 n=64 a_mode=resident
+    .group L0 gemm "systolic-array" m=12321 k=27 n=64 a_mode=resident df=os
     .output "softmaxout_1" v99
     .opaque "key" {json: the ONNX node, base64}
     .options im2col=model fold_copies=0             (the lowering options)
@@ -14,7 +14,7 @@ rebuilds an equal Stream (tests check it round-trips).
     .main                                           (instructions run per inference)
     LOAD ifmap@0:1x150528 <- v0[0:1,0:150528] words=150528 tag=L0
     PRELOAD filter@0:27x32[0:27,0:32] tag=L0
-    MATMUL ofmap@0:1024x32[0:32,0:32] <- ifmap@0:1x150528/v3[0:32,0:27] * filter@0:27x64[0:27,0:32] m=32 k=27 n=32 acc=0 fill=1 tag=L0
+    MATMUL ofmap@0:1024x32[0:32,0:32] <- ifmap@0:1x150528/v3[0:32,0:27] * filter@0:27x64[0:27,0:32] m=32 k=27 n=32 acc=0 fill=1 df=os tag=L0
     VEC map relu ofmap@0:1024x32[0:1024,0:32] <- ofmap@0:1024x32[0:1024,0:32] tag=L0
     STORE t0:12321x64[0:1024,0:32] <- ofmap@0:1024x32 acc=0 tag=L0
     COPY t5 <- v9 words=200704 tag=L3          (COPY t5 axis=1 0:64 <- ... for a part)
@@ -171,7 +171,8 @@ def instruction_text(ins) -> str:
         return f"PRELOAD {ins.src.text()}{tag}"
     if isinstance(ins, Matmul):
         return (f"MATMUL {ins.dst.text()} <- {_op_text(ins.a)} * {_op_text(ins.b)} m={ins.m} "
-                f"k={ins.k} n={ins.n} acc={int(ins.accumulate)} fill={int(ins.fill)}{tag}")
+                f"k={ins.k} n={ins.n} acc={int(ins.accumulate)} fill={int(ins.fill)}"
+                f"{f' df={ins.dataflow}' if ins.dataflow else ''}{tag}")
     if isinstance(ins, Vec):
         srcs = ", ".join(s.text() for s in ins.srcs)
         item = f" item={_dims(ins.item)}" if ins.mode == "row" else ""
@@ -195,6 +196,7 @@ def to_text(stream: Stream) -> str:
         lines.append(f".view {v.name} {v.base}" + "".join(f" |{step_text(s)}" for s in v.steps))
     for g in stream.groups.values():
         gemm = f" m={g.m} k={g.k} n={g.n} a_mode={g.a_mode}" if g.m else ""
+        gemm += f" df={g.dataflow}" if g.dataflow else ""
         lines.append(f".group {g.tag} {g.kind} {_q(g.label)}{gemm}")
     for name, v in stream.outputs.items():
         lines.append(f".output {_q(name)} {v}")
@@ -238,7 +240,7 @@ def parse_instruction(line: str):
         return Preload(_operand(tok[1]), tag)
     if op == "MATMUL":
         return Matmul(_operand(tok[1]), _operand(tok[3]), _operand(tok[5]), int(kv["m"]), int(kv["k"]),
-                      int(kv["n"]), kv["acc"] == "1", kv["fill"] == "1", tag)
+                      int(kv["n"]), kv["acc"] == "1", kv["fill"] == "1", tag, kv.get("df", ""))
     if op == "VEC":
         arrow = tok.index("<-")
         srcs = [t.rstrip(",") for t in tok[arrow + 1:] if "=" not in t]
@@ -280,7 +282,7 @@ def parse(text: str) -> Stream:
                 tok = _tokens(line)
                 kv = _kv(tok[4:])
                 stream.groups[tok[1]] = Group(tok[1], tok[2], tok[3], int(kv.get("m", 0)), int(kv.get("k", 0)),
-                                              int(kv.get("n", 0)), kv.get("a_mode", ""))
+                                              int(kv.get("n", 0)), kv.get("a_mode", ""), kv.get("df", ""))
             elif line.startswith(".output "):
                 tok = _tokens(line)
                 stream.outputs[tok[1]] = tok[2]

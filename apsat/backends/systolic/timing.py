@@ -43,9 +43,11 @@ _KEEP = 64          # events kept per resource (older ones are long finished)
 
 
 def pass_cycles(acc, ins: Matmul) -> int:
-    """Cycles the array spends on one MATMUL pass (see the module docstring)."""
-    c = gemm_cost(acc, ins.m, ins.k, ins.n).compute_cycles + 1
-    return c if ins.fill else c - acc.fill_cycles()
+    """Cycles the array spends on one MATMUL pass in its dataflow (see the module
+    docstring)."""
+    df = ins.dataflow or acc.dataflow
+    c = gemm_cost(acc, ins.m, ins.k, ins.n, df).compute_cycles + 1
+    return c if ins.fill else c - acc.fill_cycles(df)
 
 
 def vec_cycles(acc, ins: Vec) -> int:
@@ -63,27 +65,48 @@ def _whole(name: str) -> tuple:
     return (name, 0, 1)
 
 
+def _dram(stream: Stream, buf: str) -> tuple:
+    """All of DRAM buffer `buf`."""
+    return ("dram:" + buf, 0, max(stream.buffers[buf].size, 1))
+
+
+def _dram_rows(buf: str, cols: int, region) -> tuple:
+    """The words of `region` of buffer `buf` read as a row-major matrix `cols` wide: from
+    its first word to its last (the columns between its rows included)."""
+    return ("dram:" + buf, region.r0 * cols + region.c0, (region.r1 - 1) * cols + region.c1)
+
+
+def _dram_view(stream: Stream, view: str, region) -> tuple:
+    """The DRAM words a LOAD of `region` of `view` touches: exact for a view that only
+    reshapes its buffer (a dense matrix), else all of the buffer."""
+    v = stream.views[view]
+    if len(v.dims) == 2 and all(step[0] == "reshape" for step in v.steps):
+        return _dram_rows(v.base, v.dims[1], region)
+    return _dram(stream, v.base)
+
+
 def footprint_of(stream: Stream, ins):
     """(units, duration, reads, writes, dram reads {buffer: words}, dram writes
     {buffer: words}) of one instruction. reads/writes: (resource, lo, hi) with
-    resources "sp:<scratchpad>" (word ranges), "array" and "dram:<buffer>" (whole)."""
+    resources "sp:<scratchpad>" and "dram:<buffer>" (word ranges: a STORE's and a dense
+    LOAD's span of rows, else the whole buffer) and "array"."""
     acc = stream.accel
     kind = type(ins)
     if kind is Load:
         base = stream.views[ins.src].base
         lo = ins.dst.offset
-        return ((f"dma.{ins.dst.sp}",), dram_cycles(acc, ins.words), [_whole("dram:" + base)],
+        return ((f"dma.{ins.dst.sp}",), dram_cycles(acc, ins.words), [_dram_view(stream, ins.src, ins.region)],
                 [("sp:" + ins.dst.sp, lo, lo + ins.dst.words)], {base: ins.words}, {})
     if kind is Store:
         lo = ins.src.offset
         words = ins.region.size
         return ((f"dma.{ins.src.sp}",), dram_cycles(acc, words), [("sp:" + ins.src.sp, lo, lo + ins.src.words)],
-                [_whole("dram:" + ins.dst)], {}, {ins.dst: words})
+                [_dram_rows(ins.dst, ins.shape[1], ins.region)], {}, {ins.dst: words})
     if kind is Copy:
         base = stream.views[ins.src].base
         written = stream.views[ins.src].size
         return (("dma.ifmap", "dma.ofmap"), max(dram_cycles(acc, ins.words), dram_cycles(acc, written)),
-                [_whole("dram:" + base)], [_whole("dram:" + ins.dst)],
+                [_dram(stream, base)], [_dram(stream, ins.dst)],
                 {base: ins.words}, {ins.dst: written})
     if kind is Preload:
         return (("array",), 0, [_operand(ins.src)], [_whole(ARRAY)], {}, {})
@@ -101,8 +124,8 @@ def footprint_of(stream: Stream, ins):
         bufs = host_program(stream, ins).tensor_names()
         written = stream.buffers[ins.dst].size
         cycles = HOST_HANDOFF_CYCLES + ins.macs / HOST_MACS_PER_CYCLE + dram_cycles(acc, ins.reads + written)
-        return (("host",), int(math.ceil(cycles)), [_whole("dram:" + b) for b in bufs],
-                [_whole("dram:" + ins.dst)],
+        return (("host",), int(math.ceil(cycles)), [_dram(stream, b) for b in bufs],
+                [_dram(stream, ins.dst)],
                 {b: stream.buffers[b].size for b in bufs}, {ins.dst: written})
     raise TypeError(f"unknown instruction {ins!r}")
 
@@ -252,8 +275,8 @@ def cycles(stream: Stream) -> dict:
                "section": g["section"], "cycles": int(math.ceil(g["end"] - g["start"])),
                "macs": g["macs"], "dram_reads": g["dram_reads"], "dram_writes": g["dram_writes"]}
         if info is not None and info.kind == "gemm":
-            gc = gemm_cost(acc, info.m, info.k, info.n)
-            row.update(m=info.m, k=info.k, n=info.n, a_mode=info.a_mode,
+            gc = gemm_cost(acc, info.m, info.k, info.n, info.dataflow or None)
+            row.update(m=info.m, k=info.k, n=info.n, a_mode=info.a_mode, dataflow=gc.dataflow,
                        array_span=int(math.ceil(g["array_end"] - g["array_start"])),
                        gemm_cost_total=gc.total_cycles, gemm_cost_compute=gc.compute_cycles,
                        gemm_cost_dram=gc.dram_words)

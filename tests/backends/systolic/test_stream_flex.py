@@ -1,0 +1,144 @@
+"""A flexible array (dataflow "flex"): each product runs in the dataflow gemm_cost finds
+fastest for it. The model's choice, the stream that follows it product by product, its
+text form, and the stream timing that makes per-product dataflows pay off (DRAM
+dependences by word range, partial-sum reloads ahead of stores, even chunks).
+Tolerances: sa_helpers (float32, sums re-ordered)."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+from sa_helpers import assert_close, run_both, small_acc
+from test_stream_instructions import roundtrip, stream_with, whole
+
+from apsat.backends import systolic as sab
+from apsat.backends.systolic import Load, Matmul, Region, Slot, Store
+from apsat.backends.systolic.gemm import _even, _folds
+from apsat.backends.systolic.timing import pass_cycles
+from apsat.errors import ApsatError
+from apsat.targets.systolic import DATAFLOWS, PRESETS, Accelerator, gemm_cost, load_accelerator
+
+FLEX32 = dataclasses.replace(PRESETS["32x32"], dataflow="flex", name="32x32-flex")
+
+# out = (a . b) . c on an 8x8 array: the first product is short and deep (output
+# stationary: 5 folds each streaming k = 200), the second short and wide (input
+# stationary: the 8 x 40 input held in 5 folds, c's 300 columns streaming through)
+TWO = ("(systolic-array 40 300 (access (systolic-array 200 40 (access (access-tensor a) 1) "
+       "(access-tensor b)) 1) (access-tensor c))")
+TWO_SHAPES = {"a": (8, 200), "b": (200, 40), "c": (40, 300)}
+
+
+@pytest.mark.parametrize("m,k,n", list(itertools.product((1, 49, 300, 3136), (27, 576, 2048), (16, 64, 1000))))
+def test_flex_cost_is_the_cheapest_fixed_dataflow(m, k, n):
+    fixed = [gemm_cost(FLEX32, m, k, n, df) for df in DATAFLOWS]
+    best = gemm_cost(FLEX32, m, k, n)
+    assert best == min(fixed, key=lambda c: (c.total_cycles, c.dram_words))
+    assert best.dataflow in DATAFLOWS
+    # a fixed array prices its own dataflow, whatever the flexible one would pick
+    assert gemm_cost(dataclasses.replace(FLEX32, dataflow="ws"), m, k, n).dataflow == "ws"
+
+
+def test_flex_ties_go_to_os_then_ws():
+    # on a 1x1 array the three fills (0, 1, 1 cycles) are nearly equal: equal totals are
+    # broken in the order os, ws, is
+    acc = Accelerator(1, 1, "flex")
+    costs = {df: gemm_cost(acc, 3, 3, 3, df).total_cycles for df in DATAFLOWS}
+    best = gemm_cost(acc, 3, 3, 3)
+    assert best.total_cycles == min(costs.values())
+    assert best.dataflow == next(df for df in DATAFLOWS if costs[df] == best.total_cycles)
+
+
+def test_a_flexible_array_needs_a_dataflow_for_fill_cycles_and_names_unknown_ones():
+    assert FLEX32.dataflows == DATAFLOWS and PRESETS["32x32"].dataflows == ("os",)
+    assert FLEX32.fill_cycles("os") == 62 and FLEX32.fill_cycles("ws") == 94
+    with pytest.raises(ApsatError, match="fill cycles need a dataflow"):
+        FLEX32.fill_cycles()
+    with pytest.raises(ApsatError, match="unknown dataflow 'rs'"):
+        gemm_cost(FLEX32, 4, 4, 4, "rs")
+
+
+def test_flex_from_a_toml_file(tmp_path):
+    p = tmp_path / "flexible.toml"
+    p.write_text('rows = 16\ncols = 16\ndataflow = "flex"\n')
+    assert load_accelerator(p).dataflow == "flex"
+
+
+def test_each_product_runs_in_its_own_dataflow_and_matches_the_reference():
+    acc = small_acc("flex", kb=2)
+    stream, got, want = run_both(TWO, TWO_SHAPES, acc)
+    # two chained products of 200 and 40 terms: outputs of order 100, so near-zero
+    # entries carry cancellation error; atol scales with the output (apsat.verify's rule)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    groups = [g for g in stream.groups.values() if g.kind == "gemm"]
+    chosen = {(g.m, g.k, g.n): g.dataflow for g in groups}
+    assert chosen == {(8, 200, 40): "os", (8, 40, 300): "is"}
+    assert chosen == {mkn: gemm_cost(acc, *mkn).dataflow for mkn in chosen}
+    for ins in stream.main:
+        if isinstance(ins, Matmul):
+            assert ins.dataflow == stream.groups[ins.tag].dataflow
+    # the text form keeps every pass's dataflow, and the timing reads it
+    roundtrip(stream)
+    assert sab.cycles(sab.parse(sab.to_text(stream)))["total_cycles"] == sab.cycles(stream)["total_cycles"]
+
+
+def test_a_pass_is_timed_in_its_own_dataflow():
+    acc = small_acc("flex")
+    mm = Matmul(whole(Slot("ofmap", 0, 8, 8)), whole(Slot("ifmap", 0, 8, 20)),
+                whole(Slot("filter", 0, 20, 8)), 8, 20, 8, fill=True, dataflow="ws")
+    assert pass_cycles(acc, mm) == gemm_cost(acc, 8, 20, 8, "ws").compute_cycles + 1
+    os_pass = dataclasses.replace(mm, dataflow="os")
+    assert pass_cycles(acc, os_pass) == gemm_cost(acc, 8, 20, 8, "os").compute_cycles + 1
+    with pytest.raises(ApsatError, match="unknown dataflow"):
+        pass_cycles(acc, dataclasses.replace(mm, dataflow=""))
+
+
+@pytest.mark.parametrize("df", DATAFLOWS + ("flex",))
+def test_fused_epilogue_after_partial_sums_matches_the_reference(df):
+    # k = 20 on 8 rows: three row folds, so ws / is reload partial sums before the epilogue
+    text = ("(fused-dot-bias-act relu (access (access-tensor a) 1) (access (access-tensor w) 1) "
+            "(access (access-tensor bias) 1))")
+    stream, got, want = run_both(text, {"a": (300, 20), "w": (12, 20), "bias": (12,)}, small_acc(df, kb=2))
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("size,step", [(3136, 1023), (10, 3), (7, 7), (5, 9), (100, 1)])
+def test_even_chunks_cover_the_range_in_as_many_near_equal_parts(size, step):
+    parts = _even(size, step)
+    assert len(parts) == len(_folds(size, step))
+    assert parts[0][0] == 0 and parts[-1][1] == size
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+    widths = [hi - lo for lo, hi in parts]
+    assert max(widths) <= step and max(widths) - min(widths) <= 1
+
+
+def _store_then_load(load_region: Region) -> int:
+    """Cycles of: STORE a block into rows 0..4 of t, then LOAD `load_region` of t."""
+    acc = small_acc(bw=1.0)
+    s = stream_with(acc, {"t": ((8, 4), "temp"), "u": ((4, 4), "temp")}, {"vt": ("t", ()), "vu": ("u", ())},
+                    [Load(Slot("ofmap", 0, 4, 4), "vu", Region(0, 4, 0, 4), 16),
+                     Store("t", (8, 4), Region(0, 4, 0, 4), Slot("ofmap", 0, 4, 4)),
+                     Load(Slot("ifmap", 0, 4, 4), "vt", load_region, 16)], {"out": "vt"})
+    return sab.cycles(s)["total_cycles"]
+
+
+def test_a_load_waits_only_for_stores_of_the_words_it_reads():
+    # the same 16-word transfers, 16 cycles each at one word a cycle: the load of rows
+    # 4..8 runs beside the store of rows 0..4; the load of rows 2..6 reads what the store
+    # writes and cannot finish before it does
+    disjoint, overlapping = _store_then_load(Region(4, 8, 0, 4)), _store_then_load(Region(2, 6, 0, 4))
+    assert disjoint == 32
+    assert overlapping > disjoint
+
+
+def test_flex_stream_is_no_slower_than_the_best_fixed_one_on_a_conv_program():
+    from sa_helpers import conv_text
+
+    shapes = {"x": (1, 8, 20, 20), "w": (24, 8, 3, 3)}
+    totals = {}
+    for df in DATAFLOWS + ("flex",):
+        stream, got, want = run_both(conv_text(8, 3, 3, 24, pad=1), shapes, small_acc(df, kb=4))
+        assert_close(got, want)
+        totals[df] = sab.cycles(stream)["total_cycles"]
+    assert totals["flex"] <= min(totals[df] for df in DATAFLOWS), totals
