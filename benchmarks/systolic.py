@@ -20,8 +20,9 @@ what per-product dataflow choice adds shows between the two.
 
 Each is lowered twice: with the backend's defaults, which follow the extractor's cost
 model (im2col matrices whose input does not fit the ifmap scratchpad are materialised in
-DRAM; transposes and pads are DMA copies), and with im2col="gather", fold_copies=True
-(windows gathered from DRAM by the DMA, transposes and pads as address patterns): one
+DRAM; transposes and pads are DMA copies), and with im2col="gather", fold_copies=True,
+fuse_zips=True (windows gathered from DRAM by the DMA, transposes and pads as address
+patterns, an element-wise op over a fused GEMM's result in that GEMM's epilogue): one
 table each.
 
 Columns: total cycles per inference, utilisation against the compute bound
@@ -77,7 +78,7 @@ def _program(model, array: str, plan, cache: Path, key: str, dataflow: str | Non
     return prog
 
 
-BACKENDS = {"cost-model": {}, "gather+fold": {"im2col": "gather", "fold_copies": True}}
+BACKENDS = {"cost-model": {}, "gather+fold+zips": {"im2col": "gather", "fold_copies": True, "fuse_zips": True}}
 
 
 def _best(prog, array: str, weights, opts: dict, dataflows=DATAFLOWS) -> dict:
@@ -130,14 +131,14 @@ def run(names, arrays, cache: Path) -> list[dict]:
     return rows
 
 
-HEADER = (f"{'backend':11s} {'model':12s} {'array':8s} | {'baseline df':>3s} {'cycles':>12s} {'util':>6s} {'DRAM words':>13s} "
+HEADER = (f"{'backend':16s} {'model':12s} {'array':8s} | {'baseline df':>3s} {'cycles':>12s} {'util':>6s} {'DRAM words':>13s} "
           f"| {'apsat df':>3s} {'cycles':>12s} {'util':>6s} {'DRAM words':>13s} | {'cyc x':>6s} {'DRAM x':>6s} "
           f"| {'fixed':>12s} {'cyc x':>6s} | {'ceiling':>7s} {'host MACs':>11s}")
 
 
 def _line(r: dict) -> str:
     b, a = r["baseline"], r["apsat"]
-    return (f"{r['backend']:11s} {r['model']:12s} {r['array']:8s} | {b['dataflow']:>11s} {b['cycles']:12,d} {b['utilization']:6.1%} "
+    return (f"{r['backend']:16s} {r['model']:12s} {r['array']:8s} | {b['dataflow']:>11s} {b['cycles']:12,d} {b['utilization']:6.1%} "
             f"{b['dram']:13,d} | {a['dataflow']:>8s} {a['cycles']:12,d} {a['utilization']:6.1%} {a['dram']:13,d} "
             f"| {b['cycles'] / a['cycles']:6.2f} {b['dram'] / a['dram']:6.2f} "
             f"| {a['fixed']:12,d} {b['cycles'] / a['fixed']:6.2f} | {a['ceiling']:7.1%} {a['host_macs']:11,d}")

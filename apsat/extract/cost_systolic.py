@@ -37,7 +37,7 @@ from apsat.extract.workload import (COPY_OPS, FLOPS_PER_OUTPUT, HOST_OPS,
                                     KERNEL_OPS, VIEW_OPS, compute_op, elements, flops, footprints,
                                     needs_shapes, traffic)
 from apsat.extract.pair_product import pair_product
-from apsat.targets.systolic import (PRESETS, Accelerator, dram_cycles, gemm_cost, pair_dot_cost,
+from apsat.targets.systolic import (PRESETS, Accelerator, dram_cycles, fused_gemm_cost, gemm_cost, pair_dot_cost,
                                     vector_cycles)
 
 HOST_MACS_PER_CYCLE = 1.0       # a scalar host core, in accelerator cycles
@@ -105,14 +105,15 @@ class SystolicCycles:
 
     def _fused(self, graph, nid, shapes, fp) -> float:
         """A fused dot-bias(-act) atom: the product on the array, bias and activation on
-        the vector unit as the results drain (no DRAM round trip in between)."""
+        the vector unit as the results drain (no DRAM round trip in between), the part
+        of the epilogue the array's final passes do not hide added
+        (targets.systolic.fused_gemm_cost)."""
         kids = expr_child_classes(graph, nid)
         (ia, item), (ib, _) = shapes[kids[0]], shapes[kids[1]]
         m, k, n = math.prod(ia), math.prod(item), math.prod(ib)
         act = graph.nodes[nid]["op"] == "fused-dot-bias-act"
         epilogue = 1 + (FLOPS_PER_OUTPUT[compute_op(graph, nid)] if act else 0)
-        return (float(gemm_cost(self.accel, m, k, n).total_cycles) + self._im2col(m * k, fp.get(kids[0], 0.0))
-                + vector_cycles(self.accel, m * n, epilogue))
+        return float(fused_gemm_cost(self.accel, m, k, n, epilogue)[1]) + self._im2col(m * k, fp.get(kids[0], 0.0))
 
     def _compute(self, graph, nid, shapes, reads, writes) -> float:
         """`compute OP`: a dot-product on the host, anything else on the vector unit."""

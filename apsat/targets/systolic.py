@@ -349,12 +349,32 @@ def dram_cycles(acc: Accelerator, words: int) -> int:
     return math.ceil(words / acc.dram_bandwidth)
 
 
-def vector_cycles(acc: Accelerator, elements: int, ops_per_element: int = 1) -> int:
+def vector_cycles(acc: Accelerator, elements: int, ops_per_element: float = 1) -> int:
     """Cycles of the vector unit for `elements` elements at `ops_per_element` operations
     each: ceil(elements * ops_per_element / vector_lanes); 0 for no work. DRAM traffic is
     not included (add dram_cycles where operands are not on chip)."""
     work = elements * ops_per_element
     return 0 if work <= 0 else math.ceil(work / acc.vector_lanes)
+
+
+def fused_gemm_cost(acc: Accelerator, m: int, k: int, n: int, epilogue_ops: float) -> tuple[GemmCost, int]:
+    """(the product's GemmCost, total cycles) for an (m x k) . (k x n) product followed
+    by a vector epilogue of `epilogue_ops` operations per output (bias, activation, a
+    fused element-wise operand). The epilogue runs block by block as outputs drain, so it
+    overlaps the passes that produce final values (all of them under os; under ws and is
+    only the last row fold's, the earlier ones drain partial sums) and adds what it
+    cannot hide. A flexible array takes the dataflow with the fewest total cycles so
+    counted (ties: fewer DRAM words, then os, ws, is); the lowering chooses by the same
+    call."""
+    best = None
+    for df in acc.dataflows:
+        c = gemm_cost(acc, m, k, n, df)
+        vec = vector_cycles(acc, m * n, epilogue_ops) if epilogue_ops > 0 else 0
+        window = c.compute_cycles if df == "os" else c.compute_cycles // c.row_folds
+        total = c.total_cycles + max(0, vec - window)
+        if best is None or (total, c.dram_words) < (best[1], best[0].dram_words):
+            best = (c, total)
+    return best
 
 
 VECTOR_OPS_PER_MAC = 3     # a dot-product on the vector unit: read, multiply, add

@@ -42,18 +42,17 @@ def accelerator_of(target):
 
 
 def compile(program, target="systolic:32x32", weights=None, im2col: str = "model",  # noqa: A001
-            fold_copies: bool = False):
+            fold_copies: bool = False, fuse_zips: bool = False):
     """Lower `program` (an extracted Program) for a systolic target; `weights` (names, or a
     dict whose keys are the names; default the program's own `weights`) are the tensors
     known at load time: what depends only on them is computed once, in the stream's init
-    section. `im2col` ("model" | "gather")
-    and `fold_copies`: see apsat.backends.systolic.lower (the defaults follow the
-    extractor's cost model). ApsatError (one line) when a tile cannot be formed on this
+    section. `im2col` ("model" | "gather"), `fold_copies` and `fuse_zips`: see
+    apsat.backends.systolic.lower (the defaults follow the extractor's cost model). ApsatError (one line) when a tile cannot be formed on this
     accelerator."""
     from apsat.backends.systolic.lower import compile_program
 
     names = program.weights if weights is None else weights
-    return compile_program(program, accelerator_of(target), names, im2col, fold_copies)
+    return compile_program(program, accelerator_of(target), names, im2col, fold_copies, fuse_zips)
 
 
 def write(stream: Stream, directory, report: dict | None = None) -> Path:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from apsat.backends.systolic.isa import ARRAY, Copy, Matmul, Operand, Preload, Region, Slot, Store, Vec
 from apsat.backends.systolic.views import footprint
 from apsat.errors import ApsatError
-from apsat.targets.systolic import gemm_cost
+from apsat.targets.systolic import fused_gemm_cost
 
 
 @dataclass
@@ -44,7 +44,9 @@ class Gemm:
     (m x n, or rows [c_row0, c_row0 + m) of c read as a c_rows x n matrix when c_rows is
     set: one group of a grouped product); `a_mode` dense / resident / im2col; `a_full`:
     the resident input as one 1 x size view; optional `bias` (a 1 x n view) and
-    activation `act` (operator text)."""
+    activation `act` (operator text); optional `res`, an m x n view zipped onto the
+    result by operator `res_op` (the result its first operand unless `res_first`): an
+    element-wise consumer, such as a residual add, fused into the epilogue."""
 
     m: int
     k: int
@@ -58,6 +60,9 @@ class Gemm:
     act: str | None = None
     c_rows: int = 0
     c_row0: int = 0
+    res: str | None = None
+    res_op: str | None = None
+    res_first: bool = False
 
     def c_region(self, region: Region) -> tuple[tuple[int, int], Region]:
         """(matrix shape of c, `region` of the product placed in it)."""
@@ -66,8 +71,26 @@ class Gemm:
 
     @property
     def epilogue(self) -> bool:
-        """Whether a bias or an activation runs over the result before it is stored."""
-        return self.bias is not None or self.act is not None
+        """Whether a bias, an activation or a zip runs over the result before it is stored."""
+        return self.bias is not None or self.act is not None or self.res is not None
+
+    @property
+    def epilogue_ops(self) -> float:
+        """Vector operations per output of the epilogue (the cost model's figures)."""
+        from apsat.backends.systolic.vector import operator_term
+        from apsat.extract.workload import operator_flops
+
+        ops = 1.0 if self.bias is not None else 0.0
+        if self.act is not None:
+            ops += operator_flops(operator_term(self.act), 1, 1)
+        if self.res is not None:
+            ops += operator_flops(operator_term(self.res_op), 2, 1)
+        return ops
+
+    @property
+    def copies(self) -> int:
+        """Output-sized blocks an output block needs in the ofmap: 2 with a zipped operand."""
+        return 2 if self.res is not None else 1
 
 
 def _folds(size: int, step: int) -> list[tuple[int, int]]:
@@ -100,8 +123,11 @@ def lower_systolic(L, t) -> None:
     _lower(L, t, "systolic-array", m, rows, cols, ba, sa, L.matrix(bb, sb, rows, cols), None, None)
 
 
-def lower_fused(L, t) -> None:
-    """`fused-dot-bias(-act) [OP] a b bias`: a ((ia),(item)) . b ((ib),(item)) + bias."""
+def lower_fused(L, t, zip_with=None) -> None:
+    """`fused-dot-bias(-act) [OP] a b bias`: a ((ia),(item)) . b ((ib),(item)) + bias.
+    zip_with: (consumer term, other operand term, operator text, whether the other
+    operand comes first) for an element-wise consumer fused into the epilogue (see
+    residual_fusions); the result then goes to the consumer's buffer under its tag."""
     from apsat.backends.systolic.vector import op_text
 
     act = op_text(t.args[0]) if t.op == "fused-dot-bias-act" else None
@@ -114,14 +140,56 @@ def lower_fused(L, t) -> None:
     # B is read transposed ((n x k) -> (k x n)): a strided DMA pattern, not a copy.
     bview = L.view(bb, sb + (("reshape", (n, k)), ("transpose", (1, 0))))
     label = t.op + (f" {act}" if act else "")
-    _lower(L, t, label, m, k, n, ba, sa, bview, L.matrix(bc, sc, 1, n), act)
+    extra = {}
+    if zip_with is not None:
+        consumer, other, text, first = zip_with
+        bo, so = L.need_chain(other, "the fused element-wise operand")
+        extra = {"res": L.matrix(bo, so, m, n), "res_op": text, "res_first": first}
+        label += f" + {text}"
+        t = consumer
+    _lower(L, t, label, m, k, n, ba, sa, bview, L.matrix(bc, sc, 1, n), act, extra)
 
 
-def _lower(L, t, label, m, k, n, base_a, steps_a, bview, bias, act) -> None:
+def _lower(L, t, label, m, k, n, base_a, steps_a, bview, bias, act, extra=None) -> None:
     aview = L.matrix(base_a, steps_a, m, k)
     mode = a_mode(L, base_a, aview, m * k, L.im2col == "model")
     L.begin(t, "gemm", label, m=m, k=k, n=n, a_mode=mode)
-    product(L, Gemm(m, k, n, aview, bview, L.buf_of[t], mode, None, bias, act))
+    product(L, Gemm(m, k, n, aview, bview, L.buf_of[t], mode, None, bias, act, **(extra or {})))
+
+
+def residual_fusions(L, order) -> dict:
+    """{consumer: (gemm term, other operand, operator text, other first)} for each
+    `compute OP (access-pair X Y)` whose OP is one binary element-wise operator (then
+    unary ones: a chain such as add-then-relu) and one of whose operands is a
+    fused-dot-bias(-act) that nothing else reads, outside the init section, with the
+    same dims as the other operand: the GEMM's epilogue applies OP as its output
+    blocks drain, so the product's result never goes to DRAM. (The cost model prices
+    the two apart; the stream is the cheaper for it.)"""
+    from apsat.backends.systolic.vector import PAIRWISE, UNARY, op_parts, op_text
+
+    users: dict = {}
+    for t in order:
+        for c in t.children():
+            users[c] = users.get(c, 0) + 1
+    outputs = set(L.program.outputs.values())
+    found, taken = {}, set()
+    for t in order:
+        if t.op != "compute" or t.args[1].op != "access-pair" or L.const.get(t, False):
+            continue
+        parts = op_parts(t.args[0])
+        if parts[0] not in PAIRWISE or not all(p in UNARY for p in parts[1:]):
+            continue
+        pair = t.args[1].args
+        for i in (0, 1):
+            g = pair[i]
+            while g.op == "access" and users.get(g, 0) == 1 and g not in outputs:
+                g = g.args[0]
+            if (g.op in ("fused-dot-bias", "fused-dot-bias-act") and users.get(g, 0) == 1
+                    and g not in outputs and g not in taken and L.dims(pair[0]) == L.dims(pair[1])):
+                found[t] = (g, pair[1 - i], op_text(t.args[0]), i == 1)
+                taken.add(g)
+                break
+    return found
 
 
 def a_mode(L, base_a: str, aview: str, words: int, materialise: bool) -> str:
@@ -135,9 +203,10 @@ def a_mode(L, base_a: str, aview: str, words: int, materialise: bool) -> str:
 
 
 def product(L, g: Gemm) -> None:
-    """Emit the instructions of product `g` (its a_mode set) in the dataflow gemm_cost
-    gives it: the accelerator's, or a flexible array's best for this product. The
-    group records it (the last product of a grouped convolution's groups)."""
+    """Emit the instructions of product `g` (its a_mode set) in the dataflow
+    fused_gemm_cost gives it with its epilogue: the accelerator's, or a flexible array's
+    best for this product. The group records it (the last product of a grouped
+    convolution's groups)."""
     acc = L.acc
     m, k, base_a = g.m, g.k, L.stream.views[g.a].base
     base_size = L.stream.buffers[base_a].size
@@ -149,7 +218,7 @@ def product(L, g: Gemm) -> None:
         mat = L.new_buffer((m, k))
         L.emit(Copy(mat, aview, L.dram_words(aview, m * k), tag=L.tag))
         g.a = L.buffer_matrix(mat, m, k)
-    L.dataflow = gemm_cost(acc, g.m, g.k, g.n).dataflow
+    L.dataflow = fused_gemm_cost(acc, g.m, g.k, g.n, g.epilogue_ops)[0].dataflow
     L.stream.groups[L.tag].dataflow = L.dataflow
     {"os": _os, "ws": _ws, "is": _is}[L.dataflow](L, g)
 
@@ -189,6 +258,10 @@ def _finish(L, g, oslot: Slot, region: Region, epilogue: bool, accumulate: bool)
             L.emit(Vec("bias", "elementwise-add", full, (full, _whole(bslot)), (), L.tag))
         if g.act is not None:
             L.emit(Vec("map", g.act, full, (full,), (), L.tag))
+        if g.res is not None:
+            after = oslot.offset + oslot.words + (region.cols if g.bias is not None else 0)
+            other = _whole(L.load("ofmap", after, g.res, region))
+            L.emit(Vec("zip", g.res_op, full, (other, full) if g.res_first else (full, other), (), L.tag))
     shape, where = g.c_region(region)
     L.emit(Store(g.c, shape, where, oslot, accumulate, L.tag))
 
@@ -222,7 +295,7 @@ def _out_rows(L, g, width: int, unit: int) -> int:
     in whole multiples of `unit` rows when at least one fits; refuse when not even
     min(unit, m) rows fit."""
     room = L.half_words("ofmap") - (width if g.bias is not None else 0)
-    rows = room // width
+    rows = room // (width * g.copies)
     need = min(unit, g.m)
     if rows < need:
         _refuse(L, f"half of the ofmap scratchpad ({L.half_words('ofmap')} words) cannot hold "
@@ -337,11 +410,11 @@ def _ws(L, g) -> None:
 
     k_folds, n_folds = _folds(k, R), _folds(n, C)
     bias_row = 1 if g.bias is not None else 0
-    whole_m = (a_how != "fold" or m * kr <= Ha) and (m + bias_row) * nc <= Ho
+    whole_m = (a_how != "fold" or m * kr <= Ha) and (g.copies * m + bias_row) * nc <= Ho
     if whole_m:
         # Each fold streams all of A's rows: folds of one row fold share A's k-slice, and
         # consecutive column folds fill one block (m x several column folds).
-        per_block = max(1, Ho // ((m + bias_row) * C)) if n > C else 1
+        per_block = max(1, Ho // ((g.copies * m + bias_row) * C)) if n > C else 1
         for ri, (k0, k1) in enumerate(k_folds):
             reload, epi, accumulate = _partials(g, ri, len(k_folds))
             a_fold = L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, k0, k1)) if a_how == "fold" else None
@@ -412,10 +485,10 @@ def _is(L, g) -> None:
         L.emit(Preload(a, L.tag))
 
     bias_cols = n if g.bias is not None else 0
-    if b_how != "chunk" and mc * n + bias_cols <= Ho:
+    if b_how != "chunk" and g.copies * mc * n + bias_cols <= Ho:
         # Each fold streams all of B's columns: folds of one row fold share B's k-slice,
         # and consecutive m folds fill one block (several m folds x n).
-        per_block = max(1, (Ho - bias_cols) // (C * n)) if m > C else 1
+        per_block = max(1, (Ho - bias_cols) // (g.copies * C * n)) if m > C else 1
         for ri, (k0, k1) in enumerate(k_folds):
             reload, epi, accumulate = _partials(g, ri, len(k_folds))
             b_fold = L.load("filter", L.half("filter"), g.b, Region(k0, k1, 0, n)) if b_how == "fold" else None
@@ -438,7 +511,7 @@ def _is(L, g) -> None:
         return
     # Large n: each fold streams B in column chunks that fit a filter half and an ofmap
     # half; only the fold's first chunk pays the fill.
-    room = Ho // (mc + (1 if g.bias is not None else 0))
+    room = Ho // (g.copies * mc + (1 if g.bias is not None else 0))
     if room < 1:
         _refuse(L, f"half of the ofmap scratchpad ({Ho} words) cannot hold a {mc}x1 output tile")
     cols = room if b_how == "all" else min(room, Hb // kr)

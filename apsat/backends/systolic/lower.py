@@ -14,7 +14,7 @@ instructions of its kind:
   access-transpose / -pad / -concatenate DMA copies (vector.py)
   opaque                                 HOST (onnxruntime runs the ONNX node)
 
-Two options change how much the stream follows the extractor's cost model:
+Three options change how much the stream follows the extractor's cost model:
   im2col="model" (default): windows formed on chip when their input fits the ifmap
       scratchpad, else the im2col matrix is materialised in DRAM (cost_systolic._im2col);
       "gather": a DMA gathers the windows from DRAM instead of materialising them (it
@@ -22,6 +22,11 @@ Two options change how much the stream follows the extractor's cost model:
   fold_copies=False (default): transposes and pads are DMA copies, as the cost model
       prices them; True: they become address patterns of their consumers (a strided or
       zero-filling DMA), so they move no data of their own. Concatenations stay copies.
+  fuse_zips=False (default): an element-wise op over a pair runs as its own vector pass,
+      as the cost model prices it; True: where one operand is a fused-dot-bias(-act) that
+      nothing else reads (a residual add after a convolution), the op joins the GEMM's
+      epilogue (gemm.residual_fusions): the other operand's blocks are loaded beside the
+      output blocks and the product's result never goes to DRAM.
 
 Anything a lowering cannot map (an operand that is not a view of one buffer, an item that
 does not fit a scratchpad half, a dot-product left off the array) becomes a HOST step that
@@ -57,14 +62,15 @@ class Lowering:
     materialised term, and which half of each scratchpad is next (double buffering)."""
 
     def __init__(self, program: Program, accel: Accelerator, weights=(), im2col: str = "model",
-                 fold_copies: bool = False):
+                 fold_copies: bool = False, fuse_zips: bool = False):
         if not isinstance(accel, Accelerator):
             raise ApsatError(f"systolic compile: expected an Accelerator, got {type(accel).__name__}")
         if im2col not in ("model", "gather"):
             raise ApsatError(f"systolic compile: im2col must be 'model' or 'gather', got {im2col!r}")
         self.program, self.acc = program, accel
-        self.stream = Stream(accel, options={"im2col": im2col, "fold_copies": bool(fold_copies)})
-        self.im2col, self.fold = im2col, bool(fold_copies)
+        self.stream = Stream(accel, options={"im2col": im2col, "fold_copies": bool(fold_copies),
+                                             "fuse_zips": bool(fuse_zips)})
+        self.im2col, self.fold, self.fuse_zips = im2col, bool(fold_copies), bool(fuse_zips)
         self.weights = set(weights)
         self.buf_of: dict[Term, str] = {}
         self.const: dict[Term, bool] = {}
@@ -214,18 +220,21 @@ class Lowering:
         order = self.program.terms()
         for t in order:
             self.const[t] = self._is_const(t)
+        fused = gemm.residual_fusions(self, order) if self.fuse_zips else {}
+        deferred = {f[0] for f in fused.values()}
         for t in order:
             if t.op in VIEW_OPS or (self.fold and t.op in ("access-transpose", "access-pad")):
                 continue
+            if t in deferred:               # lowered with its consumer's epilogue
+                continue
             self.buf_of[t] = self.new_buffer(self.dims(t))
-            mark = (len(self.stream.init), len(self.stream.main), len(self.stream.groups))
-            try:
-                self._lower(t)
-            except Unlowerable as why:      # undo what the failed lowering emitted
-                del self.stream.init[mark[0]:], self.stream.main[mark[1]:]
-                for tag in list(self.stream.groups)[mark[2]:]:
-                    del self.stream.groups[tag]
-                self.host(t, str(why))
+            if t in fused and self._attempt(lambda: gemm.lower_fused(self, fused[t][0], (t,) + fused[t][1:]))[0]:
+                continue
+            if t in fused:                   # the fused form did not lower: the GEMM first
+                g = fused[t][0]
+                self.buf_of[g] = self.new_buffer(self.dims(g))
+                self._lower_or_host(g)
+            self._lower_or_host(t)
         for name, t in self.program.outputs.items():
             c = self.chain(t)
             if c is None:                 # an output that is a pair or product: build it
@@ -234,6 +243,24 @@ class Lowering:
                 c = (self.buf_of[t], ())
             self.stream.outputs[name] = self.view(c[0], c[1] + (("reshape", self.dims(t)),))
         return self.stream
+
+    def _attempt(self, lower) -> tuple[bool, str]:
+        """Run `lower`; on Unlowerable undo what it emitted. (lowered, why not)."""
+        mark = (len(self.stream.init), len(self.stream.main), len(self.stream.groups))
+        try:
+            lower()
+            return True, ""
+        except Unlowerable as why:
+            del self.stream.init[mark[0]:], self.stream.main[mark[1]:]
+            for tag in list(self.stream.groups)[mark[2]:]:
+                del self.stream.groups[tag]
+            return False, str(why)
+
+    def _lower_or_host(self, t: Term) -> None:
+        """Lower `t`, or make it a host step naming why not."""
+        ok, why = self._attempt(lambda: self._lower(t))
+        if not ok:
+            self.host(t, why)
 
     def _is_const(self, t: Term) -> bool:
         if t.op == "access-tensor":
@@ -318,11 +345,11 @@ def _simplify(base_dims: tuple, steps: tuple) -> tuple:
 
 
 def compile_program(program: Program, accel: Accelerator, weights=(), im2col: str = "model",
-                    fold_copies: bool = False) -> Stream:
+                    fold_copies: bool = False, fuse_zips: bool = False) -> Stream:
     """Lower `program` for `accel`; `weights` names the tensors known at load time (their
-    consumers that need nothing else go to the init section); `im2col` and `fold_copies`
-    as in the module docstring."""
-    return Lowering(program, accel, weights, im2col, fold_copies).run()
+    consumers that need nothing else go to the init section); `im2col`, `fold_copies`
+    and `fuse_zips` as in the module docstring."""
+    return Lowering(program, accel, weights, im2col, fold_copies, fuse_zips).run()
 
 
 def host_program(stream: Stream, ins: Host) -> Program:

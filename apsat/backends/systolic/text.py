@@ -9,7 +9,7 @@ rebuilds an equal Stream (tests check it round-trips).
     .group L0 gemm "systolic-array" m=12321 k=27 n=64 a_mode=resident df=os
     .output "softmaxout_1" v99
     .opaque "key" {json: the ONNX node, base64}
-    .options im2col=model fold_copies=0             (the lowering options)
+    .options im2col=model fold_copies=0 fuse_zips=0 (the lowering options)
     .init                                           (instructions run once at load time)
     .main                                           (instructions run per inference)
     LOAD ifmap@0:1x150528 <- v0[0:1,0:150528] words=150528 tag=L0
@@ -202,7 +202,8 @@ def to_text(stream: Stream) -> str:
         lines.append(f".output {_q(name)} {v}")
     for key, node in stream.opaque.items():
         lines.append(f".opaque {_q(key)} {_opaque_json(node)}")
-    lines.append(f".options im2col={stream.options['im2col']} fold_copies={int(stream.options['fold_copies'])}")
+    lines.append(f".options im2col={stream.options['im2col']} fold_copies={int(stream.options['fold_copies'])}"
+                 f" fuse_zips={int(stream.options.get('fuse_zips', False))}")
     lines.append(".init")
     lines += [instruction_text(i) for i in stream.init]
     lines.append(".main")
@@ -291,7 +292,8 @@ def parse(text: str) -> Stream:
                 stream.opaque[key] = _opaque_node(line[end:].strip())
             elif line.startswith(".options "):
                 kv = _kv(_tokens(line)[1:])
-                stream.options = {"im2col": kv["im2col"], "fold_copies": kv["fold_copies"] == "1"}
+                stream.options = {"im2col": kv["im2col"], "fold_copies": kv["fold_copies"] == "1",
+                                  "fuse_zips": kv.get("fuse_zips", "0") == "1"}
             elif line in (".init", ".main"):
                 section = stream.init if line == ".init" else stream.main
             elif section is None:

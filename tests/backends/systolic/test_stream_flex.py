@@ -142,3 +142,20 @@ def test_flex_stream_is_no_slower_than_the_best_fixed_one_on_a_conv_program():
         assert_close(got, want)
         totals[df] = sab.cycles(stream)["total_cycles"]
     assert totals["flex"] <= min(totals[df] for df in DATAFLOWS), totals
+
+
+def test_fused_cost_adds_the_epilogue_the_final_passes_do_not_hide():
+    from apsat.targets.systolic import fused_gemm_cost, vector_cycles
+
+    fixed_ws = dataclasses.replace(FLEX32, dataflow="ws")
+    plain = gemm_cost(fixed_ws, 3136, 64, 64)
+    assert fused_gemm_cost(fixed_ws, 3136, 64, 64, 0) == (plain, plain.total_cycles)
+    # ws drains partial sums in its first row fold: only the last one's passes hide work
+    vec = vector_cycles(fixed_ws, 3136 * 64, 2)
+    hidden = plain.compute_cycles // plain.row_folds
+    assert fused_gemm_cost(fixed_ws, 3136, 64, 64, 2)[1] == plain.total_cycles + vec - hidden
+    # a flexible array keeps ws for a light epilogue and turns to os for a heavy one,
+    # where all of os's passes produce final values
+    assert fused_gemm_cost(FLEX32, 3136, 64, 64, 2)[0].dataflow == "ws"
+    heavy, total = fused_gemm_cost(FLEX32, 3136, 64, 64, 6)
+    assert heavy.dataflow == "os" and total == max(heavy.total_cycles, vector_cycles(FLEX32, 3136 * 64, 6))
