@@ -18,7 +18,8 @@ from apsat.backends.systolic import Load, Matmul, Region, Slot, Store
 from apsat.backends.systolic.gemm import _even, _folds
 from apsat.backends.systolic.timing import pass_cycles
 from apsat.errors import ApsatError
-from apsat.targets.systolic import DATAFLOWS, PRESETS, Accelerator, gemm_cost, load_accelerator
+from apsat.targets.systolic import (DATAFLOWS, FLEX_CYCLE_SLACK, PRESETS, gemm_cost,
+                                    load_accelerator)
 
 FLEX32 = dataclasses.replace(PRESETS["32x32"], dataflow="flex", name="32x32-flex")
 
@@ -31,23 +32,26 @@ TWO_SHAPES = {"a": (8, 200), "b": (200, 40), "c": (40, 300)}
 
 
 @pytest.mark.parametrize("m,k,n", list(itertools.product((1, 49, 300, 3136), (27, 576, 2048), (16, 64, 1000))))
-def test_flex_cost_is_the_cheapest_fixed_dataflow(m, k, n):
+def test_flex_takes_the_least_traffic_among_the_nearly_fastest_dataflows(m, k, n):
     fixed = [gemm_cost(FLEX32, m, k, n, df) for df in DATAFLOWS]
+    fastest = min(c.total_cycles for c in fixed)
+    near = [c for c in fixed if c.total_cycles <= fastest * (1 + FLEX_CYCLE_SLACK)]
     best = gemm_cost(FLEX32, m, k, n)
-    assert best == min(fixed, key=lambda c: (c.total_cycles, c.dram_words))
-    assert best.dataflow in DATAFLOWS
+    assert best == min(near, key=lambda c: (c.dram_words, c.total_cycles))
+    assert best.dataflow in DATAFLOWS and best.total_cycles <= fastest * (1 + FLEX_CYCLE_SLACK)
     # a fixed array prices its own dataflow, whatever the flexible one would pick
     assert gemm_cost(dataclasses.replace(FLEX32, dataflow="ws"), m, k, n).dataflow == "ws"
 
 
-def test_flex_ties_go_to_os_then_ws():
-    # on a 1x1 array the three fills (0, 1, 1 cycles) are nearly equal: equal totals are
-    # broken in the order os, ws, is
-    acc = Accelerator(1, 1, "flex")
-    costs = {df: gemm_cost(acc, 3, 3, 3, df).total_cycles for df in DATAFLOWS}
-    best = gemm_cost(acc, 3, 3, 3)
-    assert best.total_cycles == min(costs.values())
-    assert best.dataflow == next(df for df in DATAFLOWS if costs[df] == best.total_cycles)
+def test_flex_gives_up_a_few_cycles_for_much_less_traffic():
+    # 3136 x 576 x 64 (a ResNet-50 3x3 convolution): ws is 7% faster than os, but drains
+    # 18 row folds of partial sums; os moves half the words
+    os_, ws = (gemm_cost(FLEX32, 3136, 576, 64, df) for df in ("os", "ws"))
+    assert ws.total_cycles < os_.total_cycles <= ws.total_cycles * (1 + FLEX_CYCLE_SLACK)
+    assert os_.dram_words < 0.6 * ws.dram_words
+    assert gemm_cost(FLEX32, 3136, 576, 64).dataflow == "os"
+    # outside the slack, cycles win: 3136 x 64 x 1000 runs ws (os takes 1.9x as long)
+    assert gemm_cost(FLEX32, 3136, 64, 1000).dataflow in ("ws", "is")
 
 
 def test_a_flexible_array_needs_a_dataflow_for_fill_cycles_and_names_unknown_ones():
