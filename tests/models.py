@@ -231,6 +231,26 @@ def grouped_convnet(seed=0, opset=17) -> onnx.ModelProto:
     return make_model(nodes, {"x": (1, 4, 9, 9)}, ["y"], w, opset=opset)
 
 
+def conv_batchnorm_scale(seed=0, opset=17) -> onnx.ModelProto:
+    """Conv (no bias) -> BatchNormalization -> Mul and Add of per-channel vectors laid out
+    by Unsqueeze (a Caffe "Scale" layer, as light Inception-v2 has after every
+    BatchNorm) -> Relu: both scales fold into the conv's weights, both shifts into its
+    bias."""
+    rng = np.random.default_rng(seed)
+    weights = {"w": _w(rng, 8, 4, 3, 3), "scale": _w(rng, 8, scale=1.0), "shift": _w(rng, 8, scale=1.0),
+               "mean": _w(rng, 8, scale=1.0), "var": (np.abs(_w(rng, 8, scale=1.0)) + 0.5).astype(np.float32),
+               "sc_w": _w(rng, 8, scale=1.0), "sc_b": _w(rng, 8, scale=1.0),
+               "axes": np.array([1, 2], dtype=np.int64)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["b"]),
+             helper.make_node("Unsqueeze", ["sc_w", "axes"], ["sw"]),
+             helper.make_node("Unsqueeze", ["sc_b", "axes"], ["sb"]),
+             helper.make_node("Mul", ["b", "sw"], ["m"]),
+             helper.make_node("Add", ["m", "sb"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]
+    return make_model(nodes, {"x": (1, 4, 12, 12)}, ["y"], weights, opset=opset)
+
+
 def elementwise_chain(ops=("Add", "Relu", "Sigmoid"), shape=(3, 37), seed=0, opset=17) -> onnx.ModelProto:
     """A run of element-wise ops: a binary op of input x and a weight w (Add, Mul, ...),
     then unary ops (Relu, Sigmoid, Tanh, ...), one after the other; output y."""

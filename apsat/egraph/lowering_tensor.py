@@ -2,8 +2,9 @@
 
 `Builder` makes interned terms and tracks each one's access shape as it goes, so a lowering
 can ask for dims mid-way. Its helpers skip no-op steps (an `access` that keeps the split, an
-identity transpose, a reshape to the same shape) and collapse `access`/`access-reshape`
-chains, so the imported program carries no dead layout nodes.
+identity transpose, a reshape to the same shape) and collapse `access`/`access-reshape`/
+`access-insert-axis`/`access-squeeze` chains under a reshape, so the imported program
+carries no dead layout nodes.
 
 Conventions every lowering follows: an ONNX value is any term whose dims (iterated ++ item)
 are the ONNX tensor's shape; its split is free. Elementwise results are split with every
@@ -98,7 +99,10 @@ class Builder:
         target = (dims[:k], dims[k:])
         if self.shapes[t] == target:
             return t
-        while t.op in ("access-reshape", "access"):   # reshape ignores the inner layout
+        # A reshape ignores the inner layout; inserting or squeezing a size-1 axis keeps the
+        # elements' order, so a reshape reads through those too (an Unsqueezed per-channel
+        # vector becomes the reshaped 1-D tensor the fusion rules match).
+        while t.op in ("access-reshape", "access", "access-insert-axis", "access-squeeze"):
             t = t.args[0]
         if self.shapes[t] == target:
             return t

@@ -24,7 +24,9 @@ class Phase:
     time_limit: float = 10.0
 
 
-# Why this order: layout and algebra first simplify what the importer wrote, so fusion
+# Why this order: "affine" first merges chains of per-channel scales and shifts (BatchNorm
+# then a Caffe Scale layer) on the imported graph, where each chain exists once; layout and
+# algebra then simplify what the importer wrote, so fusion
 # and the hardware mappings then match the cleaned-up forms; layout runs again after
 # fusion ("relayout", the layout-join ruleset): fusion builds its atoms under the
 # importer's NCHW transposes, and layout/transpose-injective then joins them to the NHWC
@@ -36,9 +38,9 @@ class Phase:
 # maps a fused atom to the array plus a vector epilogue, saving the bias/activation DRAM
 # round trips (benchmarks/systolic.py: squeezenet 1.80x less DRAM traffic on 32x32).
 PLANS: dict[str, tuple[Phase, ...]] = {
-    "gpu": (Phase("layout", ("layout",), iter_limit=12), Phase("algebra", ("algebra",), iter_limit=8),
+    "gpu": (Phase("affine", ("affine",)), Phase("layout", ("layout",), iter_limit=12), Phase("algebra", ("algebra",), iter_limit=8),
             Phase("fusion", ("fusion",)), Phase("relayout", ("layout-join",))),
-    "systolic": (Phase("layout", ("layout",), iter_limit=12), Phase("fusion", ("fusion",)),
+    "systolic": (Phase("affine", ("affine",)), Phase("layout", ("layout",), iter_limit=12), Phase("fusion", ("fusion",)),
                  Phase("relayout", ("layout-join",)), Phase("im2col", ("im2col",), iter_limit=16),
                  Phase("systolic", ("systolic",))),
 }

@@ -223,6 +223,17 @@ def test_int_gather_on_runtime_indices_is_opaque():
     np.testing.assert_array_equal(model.run(ids)["y"], zoo.ort_run(proto, ids)["y"])
 
 
+def test_a_reshape_reads_through_unsqueeze_and_squeeze():
+    """An Unsqueezed per-channel vector broadcast against a conv output (a Caffe "Scale"
+    layer) is the reshaped 1-D tensor itself: inserting or squeezing a size-1 axis keeps
+    the elements' order, so no access-insert-axis is left for the fusion rules to see
+    through. Values still equal onnxruntime."""
+    proto = models.conv_batchnorm_scale()
+    check(proto, rtol=1e-4, atol=1e-5)
+    ops = {t.op for t in load_onnx(proto).program.terms()}
+    assert "access-insert-axis" not in ops and "access-reshape" in ops
+
+
 def test_constant_folding_shape_arithmetic():
     """Shape -> Gather -> Concat -> Reshape and Cast -> Sqrt fold; ConstantOfShape becomes
     a named weight; scalar constants become literals."""

@@ -44,7 +44,7 @@ GROUPED = (f"(access-reshape (compute dot-product (access-pair {GWIN} {GWT}))) "
            "(access-shape (shape 1 6 4 4) (shape)))")
 SHAPES = {"a": (5, 6), "w": (4, 6), "b": (4,), "r": (5,), "x": (1, 3, 6, 6), "cw": (5, 3, 3, 3),
           "cb": (5,), "s": (5,), "q": (4,), "wt": (6, 4), "xh": (1, 6, 6, 3),
-          "gx": (1, 4, 6, 6), "gw": (6, 2, 3, 3), "gs": (6,), "gh": (4,)}
+          "gx": (1, 4, 6, 6), "gw": (6, 2, 3, 3), "gs": (6,), "gh": (4,), "s2": (5,)}
 
 
 def vec(name, reshape, target=None):
@@ -65,6 +65,7 @@ BIAS = vec("b", "1 4", "5 4")                 # per output column of MM
 ROWVEC = vec("r", "5 1", "5 4")               # per row of MM: not a bias of the product
 CVEC = vec("cb", "1 5 1 1", "1 5 4 4")        # per channel of CONV
 SVEC = vec("s", "1 5 1 1", "1 5 4 4")
+S2VEC = vec("s2", "1 5 1 1", "1 5 4 4")          # a second per-channel vector (a Caffe Scale)
 HVEC = vec("q", "1 1 4 1", "1 5 4 4")         # along H of CONV: not per channel
 GSVEC = vec("gs", "1 6 1 1", "1 6 4 4")       # per channel of GROUPED
 GHVEC = vec("gh", "1 1 4 1", "1 6 4 4")       # along H of GROUPED: not per channel
@@ -121,6 +122,13 @@ REACH = [
     ("fusion/scale-fold-biased-transposed-nhwc", mul(f"(access-transpose {CFDB_P} (list 0 3 1 2))", SVEC),
      "(access-transpose (fused-dot-bias ?a (compute elementwise-mul ?p) (compute elementwise-mul ?q)) "
      "(list 0 3 1 2))"),
+    ("fusion/scale-merge", mul(mul(CONV, SVEC), S2VEC),
+     "(compute elementwise-mul (access-pair ?x (access-broadcast (access-reshape (compute elementwise-mul ?p) ?r) ?t)))"),
+    ("fusion/shift-scale-merge", mul(add(CONV, CVEC), S2VEC),
+     "(compute elementwise-add (access-pair (compute elementwise-mul ?q) "
+     "(access-broadcast (access-reshape (compute elementwise-mul ?p) ?r) ?t)))"),
+    ("fusion/shift-merge", add(add(CONV, CVEC), S2VEC),
+     "(compute elementwise-add (access-pair ?x (access-broadcast (access-reshape (compute elementwise-add ?p) ?r) ?t)))"),
     ("fusion/scale-fold-grouped", mul(GROUPED, GSVEC),
      "(access-reshape (compute dot-product (access-pair ?x (access-broadcast (access-reshape "
      "(compute elementwise-mul ?p) ?lw) ?tw))) ?ly)"),
@@ -198,6 +206,10 @@ REFUSE = [
         "(access-transpose (compute dot-product (access-cartesian-product "
         f"{WIN_P} (access-transpose (access (access-tensor cw) 1) (list 0 1 3 2)))) (list 0 3 1 2))", SVEC)),
     ("fusion/scale-fold-biased-transposed", mul(f"(access-transpose {CFDB} (list 0 3 1 2))", HVEC)),
+    # two vectors of one length along different axes (H, then W) are not one per-channel vector
+    ("fusion/scale-merge", mul(mul(CONV, HVEC), vec("q", "1 1 1 4", "1 5 4 4"))),
+    ("fusion/shift-merge", add(add(CONV, HVEC), vec("q", "1 1 1 4", "1 5 4 4"))),
+    ("fusion/shift-scale-merge", mul(add(CONV, CVEC), HVEC)),         # lengths 5 and 4
     ("fusion/gelu-erf", gelu_text(MM, sqrt2=1.7320508075688772)),      # x / sqrt 3: not GELU
     ("fusion/relu-unbiased", f"(compute relu {MM_SPLIT2})"),            # b not split 1
     ("fusion/relu-unbiased-transposed", f"(compute relu (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
@@ -474,3 +486,23 @@ def test_gpu_cost_model_prices_a_chain_as_one_kernel():
     assert got == pytest.approx(GpuRoofline().kernel_us((1 * 2 + 1 + 6) * n, 3 * n, False))
     eg = EGraph()
     assert apsat.extract(eg, eg.add(unfused), cost="gpu").cost > got + 2 * LAUNCH_US
+
+
+@pytest.mark.parametrize("target", ["gpu", "systolic:32x32"])
+def test_batchnorm_then_a_second_affine_folds_into_one_fused_convolution(target):
+    """Conv -> BatchNorm -> Mul/Add of Unsqueezed per-channel vectors -> Relu (light
+    Inception-v2's every convolution) under the target's default plan: the affine phase
+    merges the two scales and the two shifts, fusion folds them into one conv with a
+    ReLU epilogue; what is left beside it is weight-only work; equal to onnxruntime."""
+    m = apsat.load_onnx(models.conv_batchnorm_scale())
+    eg = EGraph(target=target)
+    h = eg.add_outputs(m.program)
+    report = eg.saturate()
+    assert [p["phase"] for p in report["phases"]][0] == "affine"
+    best = apsat.extract(eg, h)
+    counts = best.op_counts()
+    assert counts.get("fused-dot-bias-act", 0) == 1 and counts.get("fused-dot-bias", 0) == 0
+    # no element-wise op reads the convolution's input or output: all of them are weights
+    x_terms = {t for t in best.terms() if any(s.op == "access-tensor" and s.args[0] == "x" for s in postorder(t))}
+    assert not any(t.op == "compute" for t in x_terms)
+    assert verify_program(m, best, zoo.random_inputs(m, 0)).ok
