@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from apsat.egraph.program import Program
+from apsat.errors import ApsatError
 
 
 @dataclass
@@ -62,7 +63,7 @@ class OptimizeResult:
 def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-dag",
              verify: bool = True, seed: int = 0, iter_limit: int = 30,
              node_limit: int = 100_000, time_limit: float = 10.0, progress=None,
-             regions: bool = False) -> OptimizeResult:
+             regions: bool = False, lowering: dict | None = None) -> OptimizeResult:
     """Optimise an ONNX model (a path, a ModelProto or a loaded Model) for `target`.
 
     rules: ruleset names or rule-file paths to saturate with as one phase; None runs the
@@ -70,11 +71,15 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
     verify: compare the extracted program with onnxruntime on seeded random inputs.
     progress: optional callable(phase_name) told when each phase starts.
     regions: saturate region by region, identical regions once (apsat.rules.regions).
+    lowering: systolic targets: options of the instruction-stream lowering (im2col,
+        fold_copies, fuse_zips; see apsat.backends.systolic.lower); None follows the cost
+        model. ApsatError for another target or an unknown option.
     """
     from apsat.egraph.egraph import EGraph
     from apsat.egraph.importer import load_onnx
     from apsat.extract import extract
 
+    _check_lowering(target, lowering)
     tell = progress or (lambda phase: None)
     seconds: dict[str, float] = {}
     t = time.perf_counter()
@@ -128,8 +133,25 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
         tell("verify")
         report["verification"] = verify_program(m, program, random_inputs(m, seed)).to_dict()
         seconds["verify"] = time.perf_counter() - t
-    stream, simulated = _systolic_backend(m, program, target, report, seconds, seed, tell)
+    stream, simulated = _systolic_backend(m, program, target, report, seconds, seed, tell, lowering or {})
     return OptimizeResult(program, m, report, stream, simulated)
+
+
+LOWERING_OPTIONS = ("im2col", "fold_copies", "fuse_zips")
+
+
+def _check_lowering(target, lowering) -> None:
+    """Refuse lowering options for a non-systolic target or with unknown names (one line)."""
+    from apsat.targets import parse_target
+
+    if not lowering:
+        return
+    if parse_target(target).kind != "systolic":
+        raise ApsatError(f"lowering options apply to systolic targets, not {target!r}")
+    unknown = sorted(set(lowering) - set(LOWERING_OPTIONS))
+    if unknown:
+        raise ApsatError(f"unknown lowering option(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(LOWERING_OPTIONS)})")
 
 
 def _gpu_kernels(program, out_dir: Path, compile_kernels) -> dict:
@@ -152,7 +174,7 @@ def _gpu_kernels(program, out_dir: Path, compile_kernels) -> dict:
             "host_steps": figures["host_steps"]}
 
 
-def _systolic_backend(m, program, target, report, seconds, seed, tell):
+def _systolic_backend(m, program, target, report, seconds, seed, tell, lowering):
     """For a systolic target: compile the program to an instruction stream, run it in the
     functional simulator on the seeded inputs (the ones verification uses) and compare
     with onnxruntime; the cycle report and that comparison go to report["systolic"].
@@ -168,7 +190,7 @@ def _systolic_backend(m, program, target, report, seconds, seed, tell):
 
     t = time.perf_counter()
     tell("systolic backend")
-    stream = systolic.compile(program, tgt.accel, weights=m.weights)
+    stream = systolic.compile(program, tgt.accel, weights=m.weights, **lowering)
     cyc = systolic.cycles(stream)
     seconds["systolic"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -180,6 +202,7 @@ def _systolic_backend(m, program, target, report, seconds, seed, tell):
     report["systolic"] = {
         "accelerator": {"name": tgt.accel.name, "rows": tgt.accel.rows, "cols": tgt.accel.cols,
                         "dataflow": tgt.accel.dataflow},
+        "lowering": dict(stream.options),
         "instructions": stream.counts(), "host_steps": cyc["host_steps"],
         "simulation": compare({k: expected[k] for k in got}, got).to_dict(),
         "cycles": cyc}

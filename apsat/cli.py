@@ -22,6 +22,23 @@ def _console():
     return Console(stderr=True)
 
 
+_LOWERING_FLAGS = {"gather": ("im2col", "gather"), "fold": ("fold_copies", True),
+                   "zips": ("fuse_zips", True)}
+
+
+def _lowering(text: str) -> dict:
+    """--lowering LIST as the systolic compile options (argparse type: ValueError names
+    the bad item)."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if names == ["all"]:
+        names = list(_LOWERING_FLAGS)
+    bad = [n for n in names if n not in _LOWERING_FLAGS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown lowering option(s) {', '.join(bad) or repr(text)} "
+                                         f"(use {', '.join(_LOWERING_FLAGS)} or all)")
+    return dict(_LOWERING_FLAGS[n] for n in names)
+
+
 def _optimize_one(source, name: str, args, progress, task, randomize=False) -> dict:
     """Optimise one model, write its report, return the report (with `error` on failure).
     `randomize`: replace the weights with seeded random ones first (the light zoo)."""
@@ -37,6 +54,7 @@ def _optimize_one(source, name: str, args, progress, task, randomize=False) -> d
             source = randomize_weights(onnx.load(str(source)), seed=args.seed)
         res = optimize(source, target=args.target, rules=args.rules or None,
                        extractor=args.extractor, verify=args.verify, regions=args.regions,
+                       lowering=args.lowering,
                        progress=lambda phase: progress.update(task, description=f"{name}: {phase}"))
         res.report["model"] = name
         res.write(out_dir, compile_kernels=args.compile_kernels)
@@ -196,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--rules", nargs="*", default=[], help="ruleset names or rule files/directories")
         p.add_argument("--extractor", default="greedy-dag", choices=sorted(EXTRACTORS))
         p.add_argument("--seed", type=int, default=0, help="seed for random inputs/weights")
+        p.add_argument("--lowering", type=_lowering, default=None, metavar="LIST",
+                       help="systolic targets: comma-separated lowering options: gather (im2col "
+                            "windows gathered by the DMA), fold (transposes and pads as address "
+                            "patterns), zips (an element-wise op over a fused GEMM in its epilogue), "
+                            "or all; default: follow the cost model")
         p.add_argument("--regions", action="store_true",
                        help="saturate region by region, identical regions once")
 

@@ -111,3 +111,37 @@ def test_a_simulator_mismatch_fails_the_run_like_a_verification_mismatch():
     assert _failed({"verification": ok, "systolic": {"simulation": {"ok": False}}})
     assert _failed({"verification": {"ok": False}})
     assert not _failed({})
+
+
+def test_optimize_with_systolic_lowering_options(tmp_path):
+    # Conv -> BatchNorm -> ReLU lowered with every option: the report records them and
+    # the simulator still equals onnxruntime
+    rc = main(["optimize", _small_model(tmp_path), "--target", "systolic:32x32", "--lowering", "gather,fold,zips",
+               "--out", str(tmp_path / "out"), "--verify"])
+    assert rc == 0
+    report = json.loads((tmp_path / "out" / "cbr" / "report.json").read_text())
+    assert report["systolic"]["lowering"] == {"im2col": "gather", "fold_copies": True, "fuse_zips": True}
+    assert report["systolic"]["simulation"]["ok"]
+
+
+def _small_model(tmp_path):
+    import models
+
+    model = tmp_path / "cbr.onnx"
+    onnx.save(models.conv_batchnorm(), str(model))
+    return str(model)
+
+
+def test_an_unknown_lowering_option_is_refused_on_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["optimize", _small_model(tmp_path), "--target", "systolic:32x32", "--lowering", "gather,warp"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert [li for li in err.splitlines() if "unknown lowering option(s) warp" in li], err
+
+
+def test_lowering_options_for_a_gpu_target_are_a_one_line_error(tmp_path, capsys):
+    rc = main(["optimize", _small_model(tmp_path), "--lowering", "all", "--out", str(tmp_path / "out")])
+    assert rc == 2
+    lines = [li for li in capsys.readouterr().err.splitlines() if li.startswith("apsat: cbr:")]
+    assert len(lines) == 1 and "lowering options apply to systolic targets" in lines[0]
