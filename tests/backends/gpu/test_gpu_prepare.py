@@ -59,3 +59,19 @@ def test_prepared_run_matches_onnxruntime(folded, triton_run):
     assert compare(want, {k: t.cpu().numpy() for k, t in got.items()}).ok
     with pytest.raises(KeyError, match="missing input tensors"):
         runner.run(folded.model.weights, prepared=prepared)
+
+
+def test_batchnorm_and_a_second_affine_fold_into_prepared_weights(triton_run):
+    """Conv -> BatchNorm -> per-channel Mul/Add -> ReLU (light Inception-v2's pattern): the
+    two scales and shifts merge and fold (ruleset affine), the merging arithmetic runs in
+    prepare, and one gemm kernel per call equals onnxruntime."""
+    pytest.importorskip("torch")
+    res = apsat.optimize(apsat.load_onnx(models.conv_batchnorm_scale()), target="gpu", verify=False)
+    assert res.program.op_counts().get("fused-dot-bias-act", 0) == 1
+    graph = lower(res.program)
+    prepare = {s.name for s in graph.prepare_steps}
+    assert [s.kind for s in graph.steps if s.name not in prepare][0] == "gemm"
+    runner = load_runner(write_sources(graph))
+    inputs = random_inputs(res.model, 0)
+    got = runner.run({**res.model.weights, **inputs})
+    assert compare(ort_run(res.model.onnx, inputs), {k: t.cpu().numpy() for k, t in got.items()}).ok
