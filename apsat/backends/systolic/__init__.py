@@ -7,8 +7,9 @@
     stream == parse(to_text(stream))     # the text form round-trips
 
 Modules: isa (the instructions and Stream as dataclasses), views (address patterns),
-lower (Program -> Stream; HOST steps for what the accelerator cannot run), gemm (GEMM
-tiling per dataflow, double buffered), vector (vector-unit ops and DMA copies), simulate
+lower (Program -> Stream; HOST steps for what the accelerator cannot run), gemm (GEMMs:
+entry points and dataflow choice), dataflows and tiles (the tiling per dataflow, double
+buffered), grouped (grouped and depthwise convolutions), vector (vector-unit ops and DMA copies), simulate
 (the numpy functional simulator), timing (cycles and traffic from the analytical model in
 apsat/targets/systolic.py), text (the text form).
 """

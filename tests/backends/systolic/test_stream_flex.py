@@ -15,7 +15,7 @@ from test_stream_instructions import roundtrip, stream_with, whole
 
 from apsat.backends import systolic as sab
 from apsat.backends.systolic import Load, Matmul, Region, Slot, Store
-from apsat.backends.systolic.gemm import _even, _folds
+from apsat.backends.systolic.tiles import even_chunks, folds
 from apsat.backends.systolic.timing import pass_cycles
 from apsat.errors import ApsatError
 from apsat.targets.systolic import (DATAFLOWS, FLEX_CYCLE_SLACK, PRESETS, gemm_cost,
@@ -109,8 +109,8 @@ def test_fused_epilogue_after_partial_sums_matches_the_reference(df):
 
 @pytest.mark.parametrize("size,step", [(3136, 1023), (10, 3), (7, 7), (5, 9), (100, 1)])
 def test_even_chunks_cover_the_range_in_as_many_near_equal_parts(size, step):
-    parts = _even(size, step)
-    assert len(parts) == len(_folds(size, step))
+    parts = even_chunks(size, step)
+    assert len(parts) == len(folds(size, step))
     assert parts[0][0] == 0 and parts[-1][1] == size
     assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
     widths = [hi - lo for lo, hi in parts]

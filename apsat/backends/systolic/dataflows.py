@@ -1,0 +1,242 @@
+"""The three dataflows' tilings of a GEMM (gemm.py describes the scheme): output stationary
+(`os`), weight stationary (`ws`) and input stationary (`is`). Each emits the instructions of
+one product whose a_mode is set; `TILINGS` maps a dataflow to its function."""
+from __future__ import annotations
+
+from apsat.backends.systolic.isa import ARRAY, Operand, Preload, Region
+from apsat.backends.systolic.tiles import (Deferred, a_operand, emit_pass, even_chunks, finish, folds,
+                                           load_a_resident, out_block, out_rows, refuse, reload_partials,
+                                           whole)
+
+
+# ---- output stationary ----------------------------------------------------------------------
+
+def _os(L, g) -> None:
+    acc = L.acc
+    R, C = acc.rows, acc.cols
+    Ha, Hb = L.half_words("ifmap"), L.half_words("filter")
+    m, k, n = g.m, g.k, g.n
+    mr, nc = min(R, m), min(C, n)
+    if g.a_mode == "resident":
+        a_mode = "resident"
+    elif m * k <= Ha:
+        a_mode = "all"
+    elif mr * k <= Ha:
+        a_mode = "rows"
+    else:
+        a_mode = "chunk"
+    b_mode = "all" if k * n <= Hb else ("col" if k * nc <= Hb else "chunk")
+    kc = k
+    if a_mode == "chunk":
+        kc = min(kc, Ha // mr)
+    if b_mode == "chunk":
+        kc = min(kc, Hb // nc)
+    if kc < 1:
+        refuse(L, f"a half scratchpad cannot hold one {mr}-row slice of A and one "
+                   f"{nc}-column slice of B")
+    chunks = even_chunks(k, kc)
+    rows_blk = out_rows(L, g, nc, R)
+    group_a = max(1, Ha // (R * k)) if a_mode == "rows" else 0
+
+    a_slot = b_slot = None
+    if a_mode == "resident":
+        a_slot = load_a_resident(L, g)
+    elif a_mode == "all":
+        a_slot = L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, 0, k))
+    if b_mode == "all":
+        b_slot = L.load("filter", L.half("filter"), g.b, Region(0, k, 0, n))
+    for c0, c1 in folds(n, C):
+        nt = c1 - c0
+        bcol = L.load("filter", L.half("filter"), g.b, Region(0, k, c0, c1)) if b_mode == "col" else None
+        a_rows, a_origin = None, 0
+        for br0, br1 in folds(m, rows_blk):
+            oslot = out_block(L, br1 - br0, nt)
+            for r0, r1 in ((r, min(r + R, br1)) for r in range(br0, br1, R)):
+                if a_mode == "rows" and (r0 // R) % group_a == 0:
+                    a_origin = r0
+                    a_rows = L.load("ifmap", L.half("ifmap"), g.a, Region(r0, min(m, r0 + group_a * R), 0, k))
+                for k0, k1 in chunks:
+                    reg = Region(r0, r1, k0, k1)
+                    if a_mode in ("resident", "all"):
+                        a = a_operand(g, a_slot, reg)
+                    elif a_mode == "rows":
+                        a = a_operand(g, a_rows, reg, (a_origin, 0))
+                    else:
+                        a = whole(L.load("ifmap", L.half("ifmap"), g.a, reg))
+                    if b_mode == "all":
+                        b = Operand(b_slot, Region(k0, k1, c0, c1))
+                    elif b_mode == "col":
+                        b = Operand(bcol, Region(k0, k1, 0, nt))
+                    else:
+                        b = whole(L.load("filter", L.half("filter"), g.b, Region(k0, k1, c0, c1)))
+                    dst = Operand(oslot, Region(r0 - br0, r1 - br0, 0, nt))
+                    emit_pass(L, dst, a, b, r1 - r0, k1 - k0, nt, k0 > 0, k1 == k)
+            finish(L, g, oslot, Region(br0, br1, c0, c1), g.epilogue, False)
+
+
+# ---- weight stationary ----------------------------------------------------------------------
+
+def _a_source(L, g):
+    """How A is held: ("resident" | "all", slot) loaded now, or ("fold", None)."""
+    if g.a_mode == "resident":
+        return "resident", load_a_resident(L, g)
+    if g.m * g.k <= L.half_words("ifmap"):
+        return "all", L.load("ifmap", L.half("ifmap"), g.a, Region(0, g.m, 0, g.k))
+    return "fold", None
+
+
+def _partials(g, ri: int, n_row_folds: int):
+    """(reload partial sums first, apply the epilogue, store accumulating) for row fold
+    ri of a ws/is product."""
+    last = ri == n_row_folds - 1
+    reload = last and g.epilogue and n_row_folds > 1
+    return reload, last and g.epilogue, ri > 0 and not reload
+
+
+def _ws(L, g) -> None:
+    acc = L.acc
+    R, C = acc.rows, acc.cols
+    Ha, Hb, Ho = L.half_words("ifmap"), L.half_words("filter"), L.half_words("ofmap")
+    m, k, n = g.m, g.k, g.n
+    kr, nc = min(R, k), min(C, n)
+    if kr * nc > Hb:
+        refuse(L, f"half of the filter scratchpad ({Hb} words) cannot hold one {kr}x{nc} weight tile")
+    a_how, a_slot = _a_source(L, g)
+    # All of B in one filter half: loaded once up front (the model's prefetch), tiles
+    # preloaded from it; else one weight tile per fold, double buffered.
+    b_all = L.load("filter", L.half("filter"), g.b, Region(0, k, 0, n)) if k * n <= Hb else None
+
+    def weights(k0, k1, c0, c1):
+        """PRELOAD the weight tile B[k0:k1, c0:c1] (loading it first unless B is on chip)."""
+        if b_all is not None:
+            L.emit(Preload(Operand(b_all, Region(k0, k1, c0, c1)), L.tag))
+        else:
+            w = L.load("filter", L.half("filter"), g.b, Region(k0, k1, c0, c1))
+            L.emit(Preload(whole(w), L.tag))
+
+    k_folds, n_folds = folds(k, R), folds(n, C)
+    bias_row = 1 if g.bias is not None else 0
+    whole_m = (a_how != "fold" or m * kr <= Ha) and (g.copies * m + bias_row) * nc <= Ho
+    if whole_m:
+        # Each fold streams all of A's rows: folds of one row fold share A's k-slice, and
+        # consecutive column folds fill one block (m x several column folds).
+        per_block = max(1, Ho // ((g.copies * m + bias_row) * C)) if n > C else 1
+        for ri, (k0, k1) in enumerate(k_folds):
+            reload, epi, accumulate = _partials(g, ri, len(k_folds))
+            a_fold = L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, k0, k1)) if a_how == "fold" else None
+            done = Deferred(L, g)
+            for gi in range(0, len(n_folds), per_block):
+                grp = n_folds[gi: gi + per_block]
+                cg0, cg1 = grp[0][0], grp[-1][1]
+                oslot = out_block(L, m, cg1 - cg0)
+                if reload:
+                    reload_partials(L, g, oslot, Region(0, m, cg0, cg1))
+                done.flush()
+                for c0, c1 in grp:
+                    weights(k0, k1, c0, c1)
+                    reg = Region(0, m, k0, k1)
+                    a = a_operand(g, a_fold, reg, (0, k0)) if a_how == "fold" else a_operand(g, a_slot, reg)
+                    emit_pass(L, Operand(oslot, Region(0, m, c0 - cg0, c1 - cg0)), a, ARRAY,
+                          m, k1 - k0, c1 - c0, reload, True)
+                done.finish(oslot, Region(0, m, cg0, cg1), epi, accumulate)
+            done.flush()
+        return
+    # Large m: each fold streams A in chunks of rows that fit an ifmap half and an ofmap
+    # half; only the fold's first chunk pays the fill.
+    rows = out_rows(L, g, nc, 1)
+    if a_how == "fold":
+        rows = min(rows, Ha // kr)
+    for c0, c1 in n_folds:
+        for ri, (k0, k1) in enumerate(k_folds):
+            reload, epi, accumulate = _partials(g, ri, len(k_folds))
+            weights(k0, k1, c0, c1)
+            done = Deferred(L, g)
+            for m0, m1 in even_chunks(m, rows):
+                oslot = out_block(L, m1 - m0, c1 - c0)
+                if reload:
+                    reload_partials(L, g, oslot, Region(m0, m1, c0, c1))
+                done.flush()
+                reg = Region(m0, m1, k0, k1)
+                if a_how == "fold":
+                    a = whole(L.load("ifmap", L.half("ifmap"), g.a, reg))
+                else:
+                    a = a_operand(g, a_slot, reg)
+                emit_pass(L, whole(oslot), a, ARRAY, m1 - m0, k1 - k0, c1 - c0, reload, m0 == 0)
+                done.finish(oslot, Region(m0, m1, c0, c1), epi, accumulate)
+            done.flush()
+
+
+# ---- input stationary -----------------------------------------------------------------------
+
+def _is(L, g) -> None:
+    acc = L.acc
+    R, C = acc.rows, acc.cols
+    Ha, Hb, Ho = L.half_words("ifmap"), L.half_words("filter"), L.half_words("ofmap")
+    m, k, n = g.m, g.k, g.n
+    kr, mc = min(R, k), min(C, m)
+    if g.a_mode != "resident" and mc * kr > Ha:
+        refuse(L, f"half of the ifmap scratchpad ({Ha} words) cannot hold one {mc}x{kr} input tile")
+    a_how, a_slot = _a_source(L, g)
+    b_how = "all" if k * n <= Hb else ("fold" if kr * n <= Hb else "chunk")
+    b_slot = L.load("filter", L.half("filter"), g.b, Region(0, k, 0, n)) if b_how == "all" else None
+    k_folds, m_folds = folds(k, R), folds(m, C)
+
+    def stationary(c0, c1, k0, k1):
+        """PRELOAD the input tile A[c0:c1, k0:k1] (loading it first unless A is on chip)."""
+        reg = Region(c0, c1, k0, k1)
+        if a_how == "fold":
+            a = whole(L.load("ifmap", L.half("ifmap"), g.a, reg))
+        else:
+            a = a_operand(g, a_slot, reg)
+        L.emit(Preload(a, L.tag))
+
+    bias_cols = n if g.bias is not None else 0
+    if b_how != "chunk" and g.copies * mc * n + bias_cols <= Ho:
+        # Each fold streams all of B's columns: folds of one row fold share B's k-slice,
+        # and consecutive m folds fill one block (several m folds x n).
+        per_block = max(1, (Ho - bias_cols) // (g.copies * C * n)) if m > C else 1
+        for ri, (k0, k1) in enumerate(k_folds):
+            reload, epi, accumulate = _partials(g, ri, len(k_folds))
+            b_fold = L.load("filter", L.half("filter"), g.b, Region(k0, k1, 0, n)) if b_how == "fold" else None
+            done = Deferred(L, g)
+            for gi in range(0, len(m_folds), per_block):
+                grp = m_folds[gi: gi + per_block]
+                mg0, mg1 = grp[0][0], grp[-1][1]
+                oslot = out_block(L, mg1 - mg0, n)
+                if reload:
+                    reload_partials(L, g, oslot, Region(mg0, mg1, 0, n))
+                done.flush()
+                for c0, c1 in grp:
+                    stationary(c0, c1, k0, k1)
+                    b = Operand(b_slot, Region(k0, k1, 0, n)) if b_how == "all" else \
+                        Operand(b_fold, Region(0, k1 - k0, 0, n))
+                    emit_pass(L, Operand(oslot, Region(c0 - mg0, c1 - mg0, 0, n)), ARRAY, b,
+                          c1 - c0, k1 - k0, n, reload, True)
+                done.finish(oslot, Region(mg0, mg1, 0, n), epi, accumulate)
+            done.flush()
+        return
+    # Large n: each fold streams B in column chunks that fit a filter half and an ofmap
+    # half; only the fold's first chunk pays the fill.
+    room = Ho // (g.copies * mc + (1 if g.bias is not None else 0))
+    if room < 1:
+        refuse(L, f"half of the ofmap scratchpad ({Ho} words) cannot hold a {mc}x1 output tile")
+    cols = room if b_how == "all" else min(room, Hb // kr)
+    for c0, c1 in m_folds:
+        for ri, (k0, k1) in enumerate(k_folds):
+            reload, epi, accumulate = _partials(g, ri, len(k_folds))
+            stationary(c0, c1, k0, k1)
+            done = Deferred(L, g)
+            for n0, n1 in even_chunks(n, cols):
+                oslot = out_block(L, c1 - c0, n1 - n0)
+                if reload:
+                    reload_partials(L, g, oslot, Region(c0, c1, n0, n1))
+                done.flush()
+                reg = Region(k0, k1, n0, n1)
+                b = Operand(b_slot, reg) if b_how == "all" else \
+                    whole(L.load("filter", L.half("filter"), g.b, reg))
+                emit_pass(L, whole(oslot), ARRAY, b, c1 - c0, k1 - k0, n1 - n0, reload, n0 == 0)
+                done.finish(oslot, Region(c0, c1, n0, n1), epi, accumulate)
+            done.flush()
+
+
+TILINGS = {"os": _os, "ws": _ws, "is": _is}
