@@ -74,7 +74,11 @@ def _os(L, g) -> None:
             finish(L, g, oslot, Region(br0, br1, c0, c1), g.epilogue, False)
 
 
-# ---- weight stationary ----------------------------------------------------------------------
+# ---- weight and input stationary ------------------------------------------------------------
+# The two are mirror images: ws holds weight tiles (k x n folds) and streams A's m rows; is
+# holds input tiles (k x m folds) and streams B's n columns. Their spatial folds are the
+# output's columns (ws) or rows (is), the streamed dimension the other; the loops below
+# take that orientation and what differs (how each operand is held) as arguments.
 
 def _a_source(L, g):
     """How A is held: ("resident" | "all", slot) loaded now, or ("fold", None)."""
@@ -93,6 +97,58 @@ def _partials(g, ri: int, n_row_folds: int):
     return reload, last and g.epilogue, ri > 0 and not reload
 
 
+def _region(spatial_rows: bool, s0, s1, t0, t1) -> Region:
+    """The output region of spatial range [s0, s1) and streamed range [t0, t1): is's
+    spatial folds are output rows, ws's output columns."""
+    return Region(s0, s1, t0, t1) if spatial_rows else Region(t0, t1, s0, s1)
+
+
+def _grouped_folds(L, g, k_folds, s_folds, per_block, t_size, spatial_rows, load_fold, preload, fold_pass):
+    """Each fold streams the whole streamed dimension (t_size): row folds outer, and the
+    spatial folds of one row fold grouped `per_block` to an output block. load_fold(k0, k1)
+    loads what the row fold's passes share; preload(s0, s1, k0, k1) holds a stationary
+    tile; fold_pass(dst, shared, s0, s1, k0, k1, reload) emits its pass."""
+    for ri, (k0, k1) in enumerate(k_folds):
+        reload, epi, accumulate = _partials(g, ri, len(k_folds))
+        shared = load_fold(k0, k1)
+        done = Deferred(L, g)
+        for gi in range(0, len(s_folds), per_block):
+            grp = s_folds[gi: gi + per_block]
+            g0 = grp[0][0]
+            region = _region(spatial_rows, g0, grp[-1][1], 0, t_size)
+            oslot = out_block(L, region.rows, region.cols)
+            if reload:
+                reload_partials(L, g, oslot, region)
+            done.flush()
+            for s0, s1 in grp:
+                preload(s0, s1, k0, k1)
+                dst = Operand(oslot, _region(spatial_rows, s0 - g0, s1 - g0, 0, t_size))
+                fold_pass(dst, shared, s0, s1, k0, k1, reload)
+            done.finish(oslot, region, epi, accumulate)
+        done.flush()
+
+
+def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chunk_pass):
+    """The streamed dimension in chunks that fit the scratchpads: per spatial fold and
+    row fold the stationary tile is held once and the chunks pass one after the other
+    (only the first pays the fill), each into its own output block. chunk_pass(oslot, s0,
+    s1, k0, k1, t0, t1, reload) emits a chunk's pass."""
+    for s0, s1 in s_folds:
+        for ri, (k0, k1) in enumerate(k_folds):
+            reload, epi, accumulate = _partials(g, ri, len(k_folds))
+            preload(s0, s1, k0, k1)
+            done = Deferred(L, g)
+            for t0, t1 in t_chunks:
+                region = _region(spatial_rows, s0, s1, t0, t1)
+                oslot = out_block(L, region.rows, region.cols)
+                if reload:
+                    reload_partials(L, g, oslot, region)
+                done.flush()
+                chunk_pass(oslot, s0, s1, k0, k1, t0, t1, reload)
+                done.finish(oslot, region, epi, accumulate)
+            done.flush()
+
+
 def _ws(L, g) -> None:
     acc = L.acc
     R, C = acc.rows, acc.cols
@@ -106,7 +162,7 @@ def _ws(L, g) -> None:
     # preloaded from it; else one weight tile per fold, double buffered.
     b_all = L.load("filter", L.half("filter"), g.b, Region(0, k, 0, n)) if k * n <= Hb else None
 
-    def weights(k0, k1, c0, c1):
+    def weights(c0, c1, k0, k1):
         """PRELOAD the weight tile B[k0:k1, c0:c1] (loading it first unless B is on chip)."""
         if b_all is not None:
             L.emit(Preload(Operand(b_all, Region(k0, k1, c0, c1)), L.tag))
@@ -116,57 +172,34 @@ def _ws(L, g) -> None:
 
     k_folds, n_folds = folds(k, R), folds(n, C)
     bias_row = 1 if g.bias is not None else 0
-    whole_m = (a_how != "fold" or m * kr <= Ha) and (g.copies * m + bias_row) * nc <= Ho
-    if whole_m:
+    if (a_how != "fold" or m * kr <= Ha) and (g.copies * m + bias_row) * nc <= Ho:
         # Each fold streams all of A's rows: folds of one row fold share A's k-slice, and
         # consecutive column folds fill one block (m x several column folds).
         per_block = max(1, Ho // ((g.copies * m + bias_row) * C)) if n > C else 1
-        for ri, (k0, k1) in enumerate(k_folds):
-            reload, epi, accumulate = _partials(g, ri, len(k_folds))
-            a_fold = L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, k0, k1)) if a_how == "fold" else None
-            done = Deferred(L, g)
-            for gi in range(0, len(n_folds), per_block):
-                grp = n_folds[gi: gi + per_block]
-                cg0, cg1 = grp[0][0], grp[-1][1]
-                oslot = out_block(L, m, cg1 - cg0)
-                if reload:
-                    reload_partials(L, g, oslot, Region(0, m, cg0, cg1))
-                done.flush()
-                for c0, c1 in grp:
-                    weights(k0, k1, c0, c1)
-                    reg = Region(0, m, k0, k1)
-                    a = a_operand(g, a_fold, reg, (0, k0)) if a_how == "fold" else a_operand(g, a_slot, reg)
-                    emit_pass(L, Operand(oslot, Region(0, m, c0 - cg0, c1 - cg0)), a, ARRAY,
-                          m, k1 - k0, c1 - c0, reload, True)
-                done.finish(oslot, Region(0, m, cg0, cg1), epi, accumulate)
-            done.flush()
+
+        def a_fold(k0, k1):
+            return L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, k0, k1)) if a_how == "fold" else None
+
+        def fold_pass(dst, held, c0, c1, k0, k1, reload):
+            reg = Region(0, m, k0, k1)
+            a = a_operand(g, held, reg, (0, k0)) if a_how == "fold" else a_operand(g, a_slot, reg)
+            emit_pass(L, dst, a, ARRAY, m, k1 - k0, c1 - c0, reload, True)
+
+        _grouped_folds(L, g, k_folds, n_folds, per_block, m, False, a_fold, weights, fold_pass)
         return
     # Large m: each fold streams A in chunks of rows that fit an ifmap half and an ofmap
     # half; only the fold's first chunk pays the fill.
     rows = out_rows(L, g, nc, 1)
     if a_how == "fold":
         rows = min(rows, Ha // kr)
-    for c0, c1 in n_folds:
-        for ri, (k0, k1) in enumerate(k_folds):
-            reload, epi, accumulate = _partials(g, ri, len(k_folds))
-            weights(k0, k1, c0, c1)
-            done = Deferred(L, g)
-            for m0, m1 in even_chunks(m, rows):
-                oslot = out_block(L, m1 - m0, c1 - c0)
-                if reload:
-                    reload_partials(L, g, oslot, Region(m0, m1, c0, c1))
-                done.flush()
-                reg = Region(m0, m1, k0, k1)
-                if a_how == "fold":
-                    a = whole(L.load("ifmap", L.half("ifmap"), g.a, reg))
-                else:
-                    a = a_operand(g, a_slot, reg)
-                emit_pass(L, whole(oslot), a, ARRAY, m1 - m0, k1 - k0, c1 - c0, reload, m0 == 0)
-                done.finish(oslot, Region(m0, m1, c0, c1), epi, accumulate)
-            done.flush()
 
+    def chunk_pass(oslot, c0, c1, k0, k1, m0, m1, reload):
+        reg = Region(m0, m1, k0, k1)
+        a = whole(L.load("ifmap", L.half("ifmap"), g.a, reg)) if a_how == "fold" else a_operand(g, a_slot, reg)
+        emit_pass(L, whole(oslot), a, ARRAY, m1 - m0, k1 - k0, c1 - c0, reload, m0 == 0)
 
-# ---- input stationary -----------------------------------------------------------------------
+    _chunked_folds(L, g, n_folds, k_folds, even_chunks(m, rows), False, weights, chunk_pass)
+
 
 def _is(L, g) -> None:
     acc = L.acc
@@ -195,25 +228,15 @@ def _is(L, g) -> None:
         # Each fold streams all of B's columns: folds of one row fold share B's k-slice,
         # and consecutive m folds fill one block (several m folds x n).
         per_block = max(1, (Ho - bias_cols) // (g.copies * C * n)) if m > C else 1
-        for ri, (k0, k1) in enumerate(k_folds):
-            reload, epi, accumulate = _partials(g, ri, len(k_folds))
-            b_fold = L.load("filter", L.half("filter"), g.b, Region(k0, k1, 0, n)) if b_how == "fold" else None
-            done = Deferred(L, g)
-            for gi in range(0, len(m_folds), per_block):
-                grp = m_folds[gi: gi + per_block]
-                mg0, mg1 = grp[0][0], grp[-1][1]
-                oslot = out_block(L, mg1 - mg0, n)
-                if reload:
-                    reload_partials(L, g, oslot, Region(mg0, mg1, 0, n))
-                done.flush()
-                for c0, c1 in grp:
-                    stationary(c0, c1, k0, k1)
-                    b = Operand(b_slot, Region(k0, k1, 0, n)) if b_how == "all" else \
-                        Operand(b_fold, Region(0, k1 - k0, 0, n))
-                    emit_pass(L, Operand(oslot, Region(c0 - mg0, c1 - mg0, 0, n)), ARRAY, b,
-                          c1 - c0, k1 - k0, n, reload, True)
-                done.finish(oslot, Region(mg0, mg1, 0, n), epi, accumulate)
-            done.flush()
+
+        def b_fold(k0, k1):
+            return L.load("filter", L.half("filter"), g.b, Region(k0, k1, 0, n)) if b_how == "fold" else None
+
+        def fold_pass(dst, held, c0, c1, k0, k1, reload):
+            b = Operand(b_slot, Region(k0, k1, 0, n)) if b_how == "all" else Operand(held, Region(0, k1 - k0, 0, n))
+            emit_pass(L, dst, ARRAY, b, c1 - c0, k1 - k0, n, reload, True)
+
+        _grouped_folds(L, g, k_folds, m_folds, per_block, n, True, b_fold, stationary, fold_pass)
         return
     # Large n: each fold streams B in column chunks that fit a filter half and an ofmap
     # half; only the fold's first chunk pays the fill.
@@ -221,22 +244,13 @@ def _is(L, g) -> None:
     if room < 1:
         refuse(L, f"half of the ofmap scratchpad ({Ho} words) cannot hold a {mc}x1 output tile")
     cols = room if b_how == "all" else min(room, Hb // kr)
-    for c0, c1 in m_folds:
-        for ri, (k0, k1) in enumerate(k_folds):
-            reload, epi, accumulate = _partials(g, ri, len(k_folds))
-            stationary(c0, c1, k0, k1)
-            done = Deferred(L, g)
-            for n0, n1 in even_chunks(n, cols):
-                oslot = out_block(L, c1 - c0, n1 - n0)
-                if reload:
-                    reload_partials(L, g, oslot, Region(c0, c1, n0, n1))
-                done.flush()
-                reg = Region(k0, k1, n0, n1)
-                b = Operand(b_slot, reg) if b_how == "all" else \
-                    whole(L.load("filter", L.half("filter"), g.b, reg))
-                emit_pass(L, whole(oslot), ARRAY, b, c1 - c0, k1 - k0, n1 - n0, reload, n0 == 0)
-                done.finish(oslot, Region(c0, c1, n0, n1), epi, accumulate)
-            done.flush()
+
+    def chunk_pass(oslot, c0, c1, k0, k1, n0, n1, reload):
+        reg = Region(k0, k1, n0, n1)
+        b = Operand(b_slot, reg) if b_how == "all" else whole(L.load("filter", L.half("filter"), g.b, reg))
+        emit_pass(L, whole(oslot), ARRAY, b, c1 - c0, k1 - k0, n1 - n0, reload, n0 == 0)
+
+    _chunked_folds(L, g, m_folds, k_folds, even_chunks(n, cols), True, stationary, chunk_pass)
 
 
 TILINGS = {"os": _os, "ws": _ws, "is": _is}
