@@ -1,0 +1,48 @@
+"""The benchmark scripts still run: benchmarks/systolic.py on one small model and array
+(its full run over the zoo is minutes; the README quotes it). The figures checked are
+properties the comparison must keep: apsat's fused program takes fewer cycles and moves
+fewer DRAM words than the unfused baseline, and the flexible array is the best of the
+dataflows tried or a fixed one is."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_systolic_benchmark_on_squeezenet(tmp_path, capsys):
+    bench = _load("systolic")
+    rows = bench.run(["squeezenet"], ["32x32"], tmp_path)
+    assert [(r["model"], r["backend"]) for r in rows] == [("squeezenet", b) for b in bench.BACKENDS]
+    for r in rows:
+        base, mine = r["baseline"], r["apsat"]
+        assert base["dataflow"] in bench.DATAFLOWS and mine["dataflow"] in bench.DATAFLOWS + (bench.FLEX,)
+        assert mine["cycles"] < base["cycles"] and mine["dram"] < base["dram"]
+        assert mine["cycles"] <= mine["fixed"] and 0 < mine["utilization"] <= mine["ceiling"] <= 1
+    summary = bench.summary(rows)
+    assert len(summary) == len(bench.BACKENDS) and all("fewer cycles" in line for line in summary)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["squeezenet-apsat-32x32-flex.txt",
+                                                          "squeezenet-baseline-32x32.txt"]
+    assert "squeezenet" in capsys.readouterr().out
+
+
+def test_saturate_benchmark_measures_the_default_plan():
+    from apsat.rules.saturate import default_plan
+    from apsat.targets import parse_target
+    from apsat.zoo import light_model_paths
+
+    bench = _load("saturate")
+    path = next(p for p in light_model_paths() if "squeezenet" in p.name)
+    for target in ("gpu", "systolic:32x32"):
+        report = bench.measure(str(path), target)
+        phases = [p["phase"] for p in report["phases"]]
+        assert phases == [p.name for p in default_plan(parse_target(target))]
+        assert report["overshoot"] == 0 and report["nodes"] > report["loaded"][0]
