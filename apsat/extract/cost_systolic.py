@@ -104,15 +104,16 @@ class SystolicCycles:
         return float(dram_cycles(self.accel, matrix_words))
 
     def _fused(self, graph, nid, shapes, fp) -> float:
-        """A fused dot-bias(-act) atom: the product on the array, bias and activation on
-        the vector unit as the results drain (no DRAM round trip in between), the part
+        """A fused dot-bias(-act) atom: the product on the array, its accumulators starting
+        from the bias, and the activation on the vector unit as the results drain (no DRAM round trip in between), the part
         of the epilogue the array's final passes do not hide added
         (targets.systolic.fused_gemm_cost)."""
         kids = expr_child_classes(graph, nid)
         (ia, item), (ib, _) = shapes[kids[0]], shapes[kids[1]]
         m, k, n = math.prod(ia), math.prod(item), math.prod(ib)
         act = graph.nodes[nid]["op"] == "fused-dot-bias-act"
-        epilogue = 1 + (FLOPS_PER_OUTPUT[compute_op(graph, nid)] if act else 0)
+        # the accumulators start from the bias (the array adds it): only the activation
+        epilogue = FLOPS_PER_OUTPUT[compute_op(graph, nid)] if act else 0
         return float(fused_gemm_cost(self.accel, m, k, n, epilogue)[1]) + self._im2col(m * k, fp.get(kids[0], 0.0))
 
     def _compute(self, graph, nid, shapes, reads, writes) -> float:

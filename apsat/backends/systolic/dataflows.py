@@ -4,9 +4,8 @@ one product whose a_mode is set; `TILINGS` maps a dataflow to its function."""
 from __future__ import annotations
 
 from apsat.backends.systolic.isa import ARRAY, Operand, Preload, Region
-from apsat.backends.systolic.tiles import (Deferred, a_operand, emit_pass, even_chunks, finish, folds,
-                                           load_a_resident, out_block, out_rows, refuse, reload_partials,
-                                           whole)
+from apsat.backends.systolic.tiles import (Deferred, a_operand, bias_row, emit_pass, even_chunks, folds, load_a_resident, out_block, out_rows, refuse,
+                                           reload_partials, whole)
 
 
 # ---- output stationary ----------------------------------------------------------------------
@@ -45,12 +44,15 @@ def _os(L, g) -> None:
         a_slot = L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, 0, k))
     if b_mode == "all":
         b_slot = L.load("filter", L.half("filter"), g.b, Region(0, k, 0, n))
+    done = Deferred(L, g)       # across column folds too: the next block's bias row goes first
     for c0, c1 in folds(n, C):
         nt = c1 - c0
         bcol = L.load("filter", L.half("filter"), g.b, Region(0, k, c0, c1)) if b_mode == "col" else None
         a_rows, a_origin = None, 0
         for br0, br1 in folds(m, rows_blk):
             oslot = out_block(L, br1 - br0, nt)
+            brow = bias_row(L, g, oslot, Region(br0, br1, c0, c1))
+            done.flush()        # the previous block's store queues behind this bias row
             for r0, r1 in ((r, min(r + R, br1)) for r in range(br0, br1, R)):
                 if a_mode == "rows" and (r0 // R) % group_a == 0:
                     a_origin = r0
@@ -70,8 +72,9 @@ def _os(L, g) -> None:
                     else:
                         b = whole(L.load("filter", L.half("filter"), g.b, Region(k0, k1, c0, c1)))
                     dst = Operand(oslot, Region(r0 - br0, r1 - br0, 0, nt))
-                    emit_pass(L, dst, a, b, r1 - r0, k1 - k0, nt, k0 > 0, k1 == k)
-            finish(L, g, oslot, Region(br0, br1, c0, c1), g.epilogue, False)
+                    emit_pass(L, dst, a, b, r1 - r0, k1 - k0, nt, k0 > 0, k1 == k, brow if k0 == 0 else None)
+            done.finish(oslot, Region(br0, br1, c0, c1), g.epilogue, False)
+    done.flush()
 
 
 # ---- weight and input stationary ------------------------------------------------------------
@@ -107,7 +110,8 @@ def _grouped_folds(L, g, k_folds, s_folds, per_block, t_size, spatial_rows, load
     """Each fold streams the whole streamed dimension (t_size): row folds outer, and the
     spatial folds of one row fold grouped `per_block` to an output block. load_fold(k0, k1)
     loads what the row fold's passes share; preload(s0, s1, k0, k1) holds a stationary
-    tile; fold_pass(dst, shared, s0, s1, k0, k1, reload) emits its pass."""
+    tile; fold_pass(dst, shared, s0, s1, k0, k1, reload, bias) emits its pass (bias: the
+    block's bias row in the first row fold, which starts the sums)."""
     for ri, (k0, k1) in enumerate(k_folds):
         reload, epi, accumulate = _partials(g, ri, len(k_folds))
         shared = load_fold(k0, k1)
@@ -119,11 +123,12 @@ def _grouped_folds(L, g, k_folds, s_folds, per_block, t_size, spatial_rows, load
             oslot = out_block(L, region.rows, region.cols)
             if reload:
                 reload_partials(L, g, oslot, region)
+            brow = bias_row(L, g, oslot, region) if ri == 0 else None
             done.flush()
             for s0, s1 in grp:
                 preload(s0, s1, k0, k1)
                 dst = Operand(oslot, _region(spatial_rows, s0 - g0, s1 - g0, 0, t_size))
-                fold_pass(dst, shared, s0, s1, k0, k1, reload)
+                fold_pass(dst, shared, s0, s1, k0, k1, reload, brow)
             done.finish(oslot, region, epi, accumulate)
         done.flush()
 
@@ -132,7 +137,7 @@ def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chun
     """The streamed dimension in chunks that fit the scratchpads: per spatial fold and
     row fold the stationary tile is held once and the chunks pass one after the other
     (only the first pays the fill), each into its own output block. chunk_pass(oslot, s0,
-    s1, k0, k1, t0, t1, reload) emits a chunk's pass."""
+    s1, k0, k1, t0, t1, reload, bias) emits a chunk's pass (bias as in _grouped_folds)."""
     for s0, s1 in s_folds:
         for ri, (k0, k1) in enumerate(k_folds):
             reload, epi, accumulate = _partials(g, ri, len(k_folds))
@@ -143,8 +148,9 @@ def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chun
                 oslot = out_block(L, region.rows, region.cols)
                 if reload:
                     reload_partials(L, g, oslot, region)
+                brow = bias_row(L, g, oslot, region) if ri == 0 else None
                 done.flush()
-                chunk_pass(oslot, s0, s1, k0, k1, t0, t1, reload)
+                chunk_pass(oslot, s0, s1, k0, k1, t0, t1, reload, brow)
                 done.finish(oslot, region, epi, accumulate)
             done.flush()
 
@@ -180,10 +186,10 @@ def _ws(L, g) -> None:
         def a_fold(k0, k1):
             return L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, k0, k1)) if a_how == "fold" else None
 
-        def fold_pass(dst, held, c0, c1, k0, k1, reload):
+        def fold_pass(dst, held, c0, c1, k0, k1, reload, brow):
             reg = Region(0, m, k0, k1)
             a = a_operand(g, held, reg, (0, k0)) if a_how == "fold" else a_operand(g, a_slot, reg)
-            emit_pass(L, dst, a, ARRAY, m, k1 - k0, c1 - c0, reload, True)
+            emit_pass(L, dst, a, ARRAY, m, k1 - k0, c1 - c0, reload, True, brow)
 
         _grouped_folds(L, g, k_folds, n_folds, per_block, m, False, a_fold, weights, fold_pass)
         return
@@ -193,10 +199,10 @@ def _ws(L, g) -> None:
     if a_how == "fold":
         rows = min(rows, Ha // kr)
 
-    def chunk_pass(oslot, c0, c1, k0, k1, m0, m1, reload):
+    def chunk_pass(oslot, c0, c1, k0, k1, m0, m1, reload, brow):
         reg = Region(m0, m1, k0, k1)
         a = whole(L.load("ifmap", L.half("ifmap"), g.a, reg)) if a_how == "fold" else a_operand(g, a_slot, reg)
-        emit_pass(L, whole(oslot), a, ARRAY, m1 - m0, k1 - k0, c1 - c0, reload, m0 == 0)
+        emit_pass(L, whole(oslot), a, ARRAY, m1 - m0, k1 - k0, c1 - c0, reload, m0 == 0, brow)
 
     _chunked_folds(L, g, n_folds, k_folds, even_chunks(m, rows), False, weights, chunk_pass)
 
@@ -232,9 +238,9 @@ def _is(L, g) -> None:
         def b_fold(k0, k1):
             return L.load("filter", L.half("filter"), g.b, Region(k0, k1, 0, n)) if b_how == "fold" else None
 
-        def fold_pass(dst, held, c0, c1, k0, k1, reload):
+        def fold_pass(dst, held, c0, c1, k0, k1, reload, brow):
             b = Operand(b_slot, Region(k0, k1, 0, n)) if b_how == "all" else Operand(held, Region(0, k1 - k0, 0, n))
-            emit_pass(L, dst, ARRAY, b, c1 - c0, k1 - k0, n, reload, True)
+            emit_pass(L, dst, ARRAY, b, c1 - c0, k1 - k0, n, reload, True, brow)
 
         _grouped_folds(L, g, k_folds, m_folds, per_block, n, True, b_fold, stationary, fold_pass)
         return
@@ -245,10 +251,10 @@ def _is(L, g) -> None:
         refuse(L, f"half of the ofmap scratchpad ({Ho} words) cannot hold a {mc}x1 output tile")
     cols = room if b_how == "all" else min(room, Hb // kr)
 
-    def chunk_pass(oslot, c0, c1, k0, k1, n0, n1, reload):
+    def chunk_pass(oslot, c0, c1, k0, k1, n0, n1, reload, brow):
         reg = Region(k0, k1, n0, n1)
         b = Operand(b_slot, reg) if b_how == "all" else whole(L.load("filter", L.half("filter"), g.b, reg))
-        emit_pass(L, whole(oslot), ARRAY, b, c1 - c0, k1 - k0, n1 - n0, reload, n0 == 0)
+        emit_pass(L, whole(oslot), ARRAY, b, c1 - c0, k1 - k0, n1 - n0, reload, n0 == 0, brow)
 
     _chunked_folds(L, g, m_folds, k_folds, even_chunks(n, cols), True, stationary, chunk_pass)
 

@@ -15,7 +15,9 @@ stream moves the words that model counts and runs the folds it counts:
 
 Outputs collect in an ofmap half: consecutive folds fill one block, which is stored when
 full, so DRAM writes start once a half is full and the array fills the other half
-meanwhile (the double buffering SCALE-Sim assumes). A fused bias and activation run on
+meanwhile (the double buffering SCALE-Sim assumes). A fused bias is where the
+accumulators start: its row is loaded beside the block and the block's first passes
+start from it (MATMUL init; in the first row fold under ws/is). A fused activation runs on
 the vector unit over the block before its store; under ws/is with several row folds the
 last fold first loads the partial sums back and accumulates onto them, so the epilogue
 sees final values.

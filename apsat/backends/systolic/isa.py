@@ -26,7 +26,8 @@ Instructions (one dataclass each; `tag` names the lowered program node they belo
   PRELOAD  scratchpad block -> the array's stationary registers (ws, is).
   MATMUL   one pass through the array: dst (+)= a @ b on 2-D blocks, a or b "array"
            for the stationary operand; `fill` marks the pass that pays the fold's
-           pipeline fill (a fold streamed in several chunks pays it once).
+           pipeline fill (a fold streamed in several chunks pays it once); `init`, a
+           bias row the accumulators start from.
   VEC      the vector unit on scratchpad blocks: map (unary elementwise), zip (binary
            elementwise), row (an operator over each row's item: reductions, softmax,
            LRN...), axis0 (the block is one item: an operator across its rows, such as
@@ -212,7 +213,9 @@ class Matmul:
     """One pass: dst (+)= a @ b, a (m x k), b (k x n), dst (m x n); a or b may be ARRAY.
     `fill`: this pass pays the fold's pipeline fill. `dataflow`: the array's
     configuration for the pass (os, ws or is; "" for the accelerator's own, which a
-    flexible array does not have)."""
+    flexible array does not have). `init`: a one-row block the accumulators start from,
+    repeated over dst's rows (a bias: dst = init + a @ b; Gemmini's D operand), so the
+    vector unit has no bias to add."""
 
     dst: Operand
     a: Union[Operand, str]
@@ -224,6 +227,7 @@ class Matmul:
     fill: bool = True
     tag: str = ""
     dataflow: str = ""
+    init: Operand | None = None
 
 
 @dataclass(frozen=True)

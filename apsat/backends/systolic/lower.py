@@ -5,8 +5,9 @@ VIEW_OPS: access, reshape, windows, slice, broadcast, ...) become address patter
 DRAM buffer and emit nothing; every other term is materialised into a DRAM buffer by the
 instructions of its kind:
 
-  systolic-array, fused-dot-bias(-act)   GEMM on the array (gemm.py), the fused bias and
-                                         activation as a vector epilogue before the store
+  systolic-array, fused-dot-bias(-act)   GEMM on the array (gemm.py), the accumulators
+                                         starting from the fused bias, the activation as
+                                         a vector epilogue before the store
   compute OP                             the vector unit (vector.py); a dot-product over
                                          an access-pair (grouped, depthwise convolutions):
                                          one GEMM per group or VEC dot (grouped.py);

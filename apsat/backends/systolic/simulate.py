@@ -162,7 +162,10 @@ class Machine:
             if a.shape != (ins.m, ins.k) or b.shape != (ins.k, ins.n):
                 raise SimulationError(f"simulate: MATMUL {ins.m}x{ins.k}x{ins.n} got operands "
                                       f"{a.shape} and {b.shape}")
-            self._write(ins.dst, np.matmul(a, b), ins.accumulate)
+            product = np.matmul(a, b)
+            if ins.init is not None:       # the accumulators start from a bias row
+                product = product + self.operand(ins.init)
+            self._write(ins.dst, product, ins.accumulate)
         elif kind is Vec:
             self._write(ins.dst, self._vec(ins), False)
         elif kind is Host:

@@ -14,8 +14,8 @@ class Gemm:
     """A product to tile: A (`a`, an m x k matrix view), B (`b`, k x n), into buffer `c`
     (m x n, or rows [c_row0, c_row0 + m) of c read as a c_rows x n matrix when c_rows is
     set: one group of a grouped product); `a_mode` dense / resident / im2col; `a_full`:
-    the resident input as one 1 x size view; optional `bias` (a 1 x n view) and
-    activation `act` (operator text); optional `res`, an m x n view zipped onto the
+    the resident input as one 1 x size view; optional `bias` (a 1 x n view: the
+    accumulators start from it, see bias_row) and activation `act` (operator text); optional `res`, an m x n view zipped onto the
     result by operator `res_op` (the result its first operand unless `res_first`): an
     element-wise consumer, such as a residual add, fused into the epilogue."""
 
@@ -42,8 +42,9 @@ class Gemm:
 
     @property
     def epilogue(self) -> bool:
-        """Whether a bias, an activation or a zip runs over the result before it is stored."""
-        return self.bias is not None or self.act is not None or self.res is not None
+        """Whether an activation or a zip runs over the result before it is stored (the
+        bias needs none: the accumulators start from it)."""
+        return self.act is not None or self.res is not None
 
     @property
     def epilogue_ops(self) -> float:
@@ -51,7 +52,7 @@ class Gemm:
         from apsat.backends.systolic.vector import operator_term
         from apsat.extract.workload import operator_flops
 
-        ops = 1.0 if self.bias is not None else 0.0
+        ops = 0.0
         if self.act is not None:
             ops += operator_flops(operator_term(self.act), 1, 1)
         if self.res is not None:
@@ -101,9 +102,12 @@ def a_operand(g, slot: Slot, region: Region, origin=(0, 0)) -> Operand:
     return Operand(slot, Region(region.r0 - r, region.r1 - r, region.c0 - c, region.c1 - c))
 
 
-def emit_pass(L, dst: Operand, a, b, m, k, n, accumulate: bool, fill: bool) -> None:
-    """One MATMUL pass in the product's dataflow (L.dataflow, set by gemm.product)."""
-    L.emit(Matmul(dst, a, b, m, k, n, accumulate, fill, L.tag, L.dataflow))
+def emit_pass(L, dst: Operand, a, b, m, k, n, accumulate: bool, fill: bool, bias: Slot | None = None) -> None:
+    """One MATMUL pass in the product's dataflow (L.dataflow, set by gemm.product); with
+    `bias` (the block's bias row, bias_row) the accumulators start from its columns
+    under dst."""
+    init = None if bias is None else Operand(bias, Region(0, 1, dst.region.c0, dst.region.c1))
+    L.emit(Matmul(dst, a, b, m, k, n, accumulate, fill, L.tag, L.dataflow, init))
 
 
 def out_block(L, rows: int, cols: int) -> Slot:
@@ -111,13 +115,18 @@ def out_block(L, rows: int, cols: int) -> Slot:
     return Slot("ofmap", L.half("ofmap"), rows, cols)
 
 
+def bias_row(L, g, oslot: Slot, region: Region) -> Slot | None:
+    """Load the bias under `region`'s columns into the row after the output block, for
+    the block's first passes to start their accumulators from (None without a bias)."""
+    if g.bias is None:
+        return None
+    return L.load("ofmap", oslot.offset + oslot.words, g.bias, Region(0, 1, region.c0, region.c1))
+
+
 def finish(L, g, oslot: Slot, region: Region, epilogue: bool, accumulate: bool) -> None:
-    """Epilogue (bias row, activation) over the block when asked, then its STORE."""
+    """Epilogue (activation, zipped operand) over the block when asked, then its STORE."""
     if epilogue:
         full = whole(oslot)
-        if g.bias is not None:
-            bslot = L.load("ofmap", oslot.offset + oslot.words, g.bias, Region(0, 1, region.c0, region.c1))
-            L.emit(Vec("bias", "elementwise-add", full, (full, whole(bslot)), (), L.tag))
         if g.act is not None:
             L.emit(Vec("map", g.act, full, (full,), (), L.tag))
         if g.res is not None:

@@ -112,6 +112,8 @@ def footprint_of(stream: Stream, ins):
         return (("array",), 0, [_operand(ins.src)], [_whole(ARRAY)], {}, {})
     if kind is Matmul:
         reads = [_operand(x) for x in (ins.a, ins.b)]
+        if ins.init is not None:
+            reads.append(_operand(ins.init))
         if ins.accumulate:
             reads.append(_operand(ins.dst))
         return (("array",), pass_cycles(acc, ins), reads, [_operand(ins.dst)], {}, {})

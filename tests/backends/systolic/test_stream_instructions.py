@@ -221,3 +221,27 @@ def test_a_missing_or_misshaped_tensor_is_a_one_line_error():
         sab.simulate(s, {})
     with pytest.raises(sab.SimulationError, match=r"has shape \(4, 3\)"):
         sab.simulate(s, {"x": np.zeros((4, 3), np.float32)})
+
+
+def test_matmul_init_starts_the_accumulators_from_a_bias_row():
+    acc = small_acc()
+    a = RNG.standard_normal((4, 6)).astype(np.float32)
+    b = RNG.standard_normal((6, 5)).astype(np.float32)
+    bias = RNG.standard_normal((1, 5)).astype(np.float32)
+    sa, sb, sbias, out = Slot("ifmap", 0, 4, 6), Slot("filter", 0, 6, 5), Slot("ofmap", 64, 1, 5), Slot("ofmap", 0, 4, 5)
+    s = stream_with(acc, {"a": ((4, 6), "input"), "b": ((6, 5), "weight"), "c": ((1, 5), "weight"),
+                          "t": ((4, 5), "temp")},
+                    {"va": ("a", ()), "vb": ("b", ()), "vc": ("c", ()), "vt": ("t", ())},
+                    [Load(sa, "va", Region(0, 4, 0, 6), 24), Load(sb, "vb", Region(0, 6, 0, 5), 30),
+                     Load(sbias, "vc", Region(0, 1, 0, 5), 5),
+                     Matmul(whole(out), whole(sa), whole(sb), 4, 6, 5, init=whole(sbias)),
+                     Store("t", (4, 5), Region(0, 4, 0, 5), out)], {"out": "vt"})
+    got = sab.simulate(s, {"a": a, "b": b, "c": bias})["out"]
+    np.testing.assert_allclose(got, a @ b + bias, rtol=1e-5, atol=1e-5)
+    assert "init=ofmap@64:1x5[0:1,0:5]" in sab.to_text(s)
+    roundtrip(s)
+    # the pass reads the bias row's scratchpad words, so it is timed after that row's LOAD
+    from apsat.backends.systolic.timing import footprint_of
+
+    reads = footprint_of(s, s.main[3])[2]
+    assert ("sp:ofmap", 64, 69) in reads

@@ -73,7 +73,9 @@ def test_conv_whose_input_fits_the_ifmap_is_formed_on_chip(df):
 
 @pytest.mark.parametrize("df", DATAFLOWS)
 @pytest.mark.parametrize("act", ["relu", "(clip 0.0 6.0)", None])
-def test_fused_dot_bias_act_has_a_vector_epilogue(df, act):
+def test_fused_dot_bias_act_starts_from_the_bias_and_has_a_vector_epilogue(df, act):
+    # the accumulators start from the bias row (MATMUL init); only the activation runs on
+    # the vector unit
     a = "(access (access-tensor a) 1)"
     b = "(access (access-tensor b) 1)"
     bias = "(access (access-tensor c) 1)"
@@ -82,7 +84,12 @@ def test_fused_dot_bias_act_has_a_vector_epilogue(df, act):
     stream, got, want = run_both(text, shapes, small_acc(df))
     assert_close(got, want)
     vecs = [i for i in stream.main if isinstance(i, Vec)]
-    assert {v.mode for v in vecs} == ({"bias", "map"} if act else {"bias"})
+    assert {v.mode for v in vecs} == ({"map"} if act else set())
+    passes = [i for i in stream.main if isinstance(i, Matmul)]
+    started = [p for p in passes if p.init is not None]
+    # one bias row per output block's first passes, never on a pass that accumulates
+    assert started and not any(p.accumulate for p in started)
+    assert all(p.init.region.rows == 1 and p.init.region.cols == p.n for p in started)
 
 
 def test_max_pooling_and_global_average_pooling_on_the_vector_unit():
