@@ -37,8 +37,9 @@ The model follows SCALE-Sim 3.0 (`scalesim` on PyPI), which it is calibrated aga
   over-fetches and counts each read stall twice (see benchmarks/calibrate_systolic.py),
   so read stalls follow the streaming model above rather than SCALE-Sim.
 
-A flexible array (dataflow "flex") runs each product in the dataflow of fewest total
-cycles; every figure above is then that dataflow's.
+A flexible array (dataflow "flex") runs each product in one of the three dataflows
+(fused_gemm_cost chooses: the fewest DRAM words within FLEX_CYCLE_SLACK of the fewest
+cycles); every figure above is then that dataflow's.
 
 Units: one word is one tensor element. Scratchpad sizes are given in kB of SCALE-Sim's
 one-byte words, so 1 kB holds 1024 words (elements).

@@ -8,13 +8,17 @@ from apsat.backends.systolic.tiles import (Deferred, a_operand, bias_row, emit_p
                                            reload_partials, whole)
 
 
+def _sizes(L, g):
+    """(rows, cols, ifmap half, filter half, ofmap half, m, k, n): what every tiling sizes
+    its folds and blocks by."""
+    half = L.half_words
+    return (L.acc.rows, L.acc.cols, half("ifmap"), half("filter"), half("ofmap"), g.m, g.k, g.n)
+
+
 # ---- output stationary ----------------------------------------------------------------------
 
 def _os(L, g) -> None:
-    acc = L.acc
-    R, C = acc.rows, acc.cols
-    Ha, Hb = L.half_words("ifmap"), L.half_words("filter")
-    m, k, n = g.m, g.k, g.n
+    R, C, Ha, Hb, _, m, k, n = _sizes(L, g)
     mr, nc = min(R, m), min(C, n)
     if g.a_mode == "resident":
         a_mode = "resident"
@@ -156,10 +160,7 @@ def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chun
 
 
 def _ws(L, g) -> None:
-    acc = L.acc
-    R, C = acc.rows, acc.cols
-    Ha, Hb, Ho = L.half_words("ifmap"), L.half_words("filter"), L.half_words("ofmap")
-    m, k, n = g.m, g.k, g.n
+    R, C, Ha, Hb, Ho, m, k, n = _sizes(L, g)
     kr, nc = min(R, k), min(C, n)
     if kr * nc > Hb:
         refuse(L, f"half of the filter scratchpad ({Hb} words) cannot hold one {kr}x{nc} weight tile")
@@ -177,11 +178,11 @@ def _ws(L, g) -> None:
             L.emit(Preload(whole(w), L.tag))
 
     k_folds, n_folds = folds(k, R), folds(n, C)
-    bias_row = 1 if g.bias is not None else 0
-    if (a_how != "fold" or m * kr <= Ha) and (g.copies * m + bias_row) * nc <= Ho:
+    bias_rows = 1 if g.bias is not None else 0      # the block's bias row (tiles.bias_row)
+    if (a_how != "fold" or m * kr <= Ha) and (g.copies * m + bias_rows) * nc <= Ho:
         # Each fold streams all of A's rows: folds of one row fold share A's k-slice, and
         # consecutive column folds fill one block (m x several column folds).
-        per_block = max(1, Ho // ((g.copies * m + bias_row) * C)) if n > C else 1
+        per_block = max(1, Ho // ((g.copies * m + bias_rows) * C)) if n > C else 1
 
         def a_fold(k0, k1):
             return L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, k0, k1)) if a_how == "fold" else None
@@ -208,10 +209,7 @@ def _ws(L, g) -> None:
 
 
 def _is(L, g) -> None:
-    acc = L.acc
-    R, C = acc.rows, acc.cols
-    Ha, Hb, Ho = L.half_words("ifmap"), L.half_words("filter"), L.half_words("ofmap")
-    m, k, n = g.m, g.k, g.n
+    R, C, Ha, Hb, Ho, m, k, n = _sizes(L, g)
     kr, mc = min(R, k), min(C, m)
     if g.a_mode != "resident" and mc * kr > Ha:
         refuse(L, f"half of the ifmap scratchpad ({Ha} words) cannot hold one {mc}x{kr} input tile")

@@ -31,7 +31,8 @@ Instructions (one dataclass each; `tag` names the lowered program node they belo
   VEC      the vector unit on scratchpad blocks: map (unary elementwise), zip (binary
            elementwise), row (an operator over each row's item: reductions, softmax,
            LRN...), axis0 (the block is one item: an operator across its rows, such as
-           LRN across channels), bias (add a row vector to every row: a fused epilogue).
+           LRN across channels), bias (add a row vector to every row; the lowering starts
+           GEMM accumulators from the bias instead, MATMUL init).
   HOST     a step the accelerator does not run, done by the host on DRAM buffers: a
            sub-program in the language's surface syntax (opaque ONNX nodes, dot-products
            left off the array, operators whose item does not fit a scratchpad half).
