@@ -56,7 +56,7 @@ def _os(L, g) -> None:
         for br0, br1 in folds(m, rows_blk):
             oslot = out_block(L, br1 - br0, nt)
             brow = bias_row(L, g, oslot, Region(br0, br1, c0, c1))
-            done.flush()        # the previous block's store queues behind this bias row
+            done.ready()        # the previous block's store queues behind this bias row
             for r0, r1 in ((r, min(r + R, br1)) for r in range(br0, br1, R)):
                 if a_mode == "rows" and (r0 // R) % group_a == 0:
                     a_origin = r0
@@ -80,6 +80,21 @@ def _os(L, g) -> None:
             done.finish(oslot, Region(br0, br1, c0, c1), g.epilogue, False)
     done.flush()
 
+
+# Output blocks a pipelined fold rotates through (see _chunked_folds).
+PIPELINED_SLOTS = 4
+
+
+def _slot_room(L, g, spatial: int, spatial_rows: bool) -> int:
+    """How much of the streamed dimension fits one of PIPELINED_SLOTS equal parts of the
+    ofmap beside `spatial` outputs of the other (0: none): rows of a ws block (`spatial`
+    columns, its bias row after it), columns of an is block (`spatial` rows, one bias
+    word a column)."""
+    words = L.acc.ofmap_words // PIPELINED_SLOTS
+    bias = g.bias is not None
+    if spatial_rows:
+        return words // (g.copies * spatial + bias)
+    return (words - (spatial if bias else 0)) // (spatial * g.copies)
 
 # ---- weight and input stationary ------------------------------------------------------------
 # The two are mirror images: ws holds weight tiles (k x n folds) and streams A's m rows; is
@@ -128,7 +143,7 @@ def _grouped_folds(L, g, k_folds, s_folds, per_block, t_size, spatial_rows, load
             if reload:
                 reload_partials(L, g, oslot, region)
             brow = bias_row(L, g, oslot, region) if ri == 0 else None
-            done.flush()
+            done.ready()
             for s0, s1 in grp:
                 preload(s0, s1, k0, k1)
                 dst = Operand(oslot, _region(spatial_rows, s0 - g0, s1 - g0, 0, t_size))
@@ -137,23 +152,32 @@ def _grouped_folds(L, g, k_folds, s_folds, per_block, t_size, spatial_rows, load
         done.flush()
 
 
-def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chunk_pass):
+def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chunk_pass, epi_chunks=None):
     """The streamed dimension in chunks that fit the scratchpads: per spatial fold and
     row fold the stationary tile is held once and the chunks pass one after the other
     (only the first pays the fill), each into its own output block. chunk_pass(oslot, s0,
-    s1, k0, k1, t0, t1, reload, bias) emits a chunk's pass (bias as in _grouped_folds)."""
+    s1, k0, k1, t0, t1, reload, bias) emits a chunk's pass (bias as in _grouped_folds).
+    A fold whose blocks need the ofmap DMA or the vector unit besides their store (a
+    partial-sum reload, a bias row, an epilogue) takes `epi_chunks` (chunks that fit a
+    quarter of the ofmap, when given): with two halves a block's pass would wait for
+    the block before last to finish its epilogue and store, and for the reload or bias
+    row queued behind that store, on every chunk."""
     for s0, s1 in s_folds:
         for ri, (k0, k1) in enumerate(k_folds):
             reload, epi, accumulate = _partials(g, ri, len(k_folds))
             preload(s0, s1, k0, k1)
-            done = Deferred(L, g)
-            for t0, t1 in t_chunks:
+            # A block whose finish waits for the vector unit, or whose reload or bias row
+            # the ofmap DMA must fetch, keeps the DMA two blocks ahead: quarter blocks.
+            deep = epi_chunks is not None and (epi or reload or (ri == 0 and g.bias is not None))
+            slots = PIPELINED_SLOTS if deep else 2
+            done = Deferred(L, g, slots // 2)
+            for t0, t1 in (epi_chunks if deep else t_chunks):
                 region = _region(spatial_rows, s0, s1, t0, t1)
-                oslot = out_block(L, region.rows, region.cols)
+                oslot = out_block(L, region.rows, region.cols, slots)
                 if reload:
                     reload_partials(L, g, oslot, region)
                 brow = bias_row(L, g, oslot, region) if ri == 0 else None
-                done.flush()
+                done.ready()
                 chunk_pass(oslot, s0, s1, k0, k1, t0, t1, reload, brow)
                 done.finish(oslot, region, epi, accumulate)
             done.flush()
@@ -205,7 +229,11 @@ def _ws(L, g) -> None:
         a = whole(L.load("ifmap", L.half("ifmap"), g.a, reg)) if a_how == "fold" else a_operand(g, a_slot, reg)
         emit_pass(L, whole(oslot), a, ARRAY, m1 - m0, k1 - k0, c1 - c0, reload, m0 == 0, brow)
 
-    _chunked_folds(L, g, n_folds, k_folds, even_chunks(m, rows), False, weights, chunk_pass)
+    deep = _slot_room(L, g, nc, False)
+    if a_how == "fold":
+        deep = min(deep, Ha // kr)
+    _chunked_folds(L, g, n_folds, k_folds, even_chunks(m, rows), False, weights, chunk_pass,
+                   even_chunks(m, deep) if deep >= 1 else None)
 
 
 def _is(L, g) -> None:
@@ -254,7 +282,11 @@ def _is(L, g) -> None:
         b = Operand(b_slot, reg) if b_how == "all" else whole(L.load("filter", L.half("filter"), g.b, reg))
         emit_pass(L, whole(oslot), ARRAY, b, c1 - c0, k1 - k0, n1 - n0, reload, n0 == 0, brow)
 
-    _chunked_folds(L, g, m_folds, k_folds, even_chunks(n, cols), True, stationary, chunk_pass)
+    deep = _slot_room(L, g, mc, True)
+    if b_how != "all":
+        deep = min(deep, Hb // kr)
+    _chunked_folds(L, g, m_folds, k_folds, even_chunks(n, cols), True, stationary, chunk_pass,
+                   even_chunks(n, deep) if deep >= 1 else None)
 
 
 TILINGS = {"os": _os, "ws": _ws, "is": _is}

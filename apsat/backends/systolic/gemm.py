@@ -20,7 +20,10 @@ accumulators start: its row is loaded beside the block and the block's first pas
 start from it (MATMUL init; in the first row fold under ws/is). A fused activation runs on
 the vector unit over the block before its store; under ws/is with several row folds the
 last fold first loads the partial sums back and accumulates onto them, so the epilogue
-sees final values.
+sees final values. Where ws/is stream long folds whose blocks also need the ofmap DMA or
+the vector unit (a bias row, a partial-sum reload, an epilogue), the blocks rotate through
+quarters of the ofmap and their stores are issued two blocks late, so the reloads and
+bias rows queue ahead of them and the epilogue overlaps the next passes.
 
 im2col: a left operand that reads its base buffer's words more than once (windows) is
 formed on chip from the whole input held in the ifmap scratchpad when that input fits

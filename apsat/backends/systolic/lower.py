@@ -78,6 +78,7 @@ class Lowering:
         self.tensor_buf: dict[str, str] = {}
         self._view_key: dict[tuple, str] = {}
         self._next_half = {sp: 0 for sp in SCRATCHPADS}
+        self._next_part: dict[tuple, int] = {}
         self._count = {"x": 0, "w": 0, "c": 0, "t": 0, "v": 0, "L": 0}
         self.seq: list = self.stream.main
         self.tag = ""
@@ -192,6 +193,15 @@ class Lowering:
         h = self._next_half[sp]
         self._next_half[sp] ^= 1
         return h * (getattr(self.acc, f"{sp}_words") // 2)
+
+    def part(self, sp: str, slots: int) -> int:
+        """Word offset of the next of `slots` equal parts of scratchpad `sp` (they rotate;
+        2: the halves, see half)."""
+        if slots == 2:
+            return self.half(sp)
+        i = self._next_part.get((sp, slots), 0)
+        self._next_part[(sp, slots)] = (i + 1) % slots
+        return i * (getattr(self.acc, f"{sp}_words") // slots)
 
     def half_words(self, sp: str) -> int:
         """Words in one half of scratchpad `sp`."""

@@ -110,9 +110,10 @@ def emit_pass(L, dst: Operand, a, b, m, k, n, accumulate: bool, fill: bool, bias
     L.emit(Matmul(dst, a, b, m, k, n, accumulate, fill, L.tag, L.dataflow, init))
 
 
-def out_block(L, rows: int, cols: int) -> Slot:
-    """An ofmap block in the next half (the bias row, when there is one, follows it)."""
-    return Slot("ofmap", L.half("ofmap"), rows, cols)
+def out_block(L, rows: int, cols: int, slots: int = 2) -> Slot:
+    """An ofmap block in the next of `slots` equal parts of the ofmap (2: its halves; the
+    bias row, when there is one, follows it)."""
+    return Slot("ofmap", L.part("ofmap", slots), rows, cols)
 
 
 def bias_row(L, g, oslot: Slot, region: Region) -> Slot | None:
@@ -138,21 +139,28 @@ def finish(L, g, oslot: Slot, region: Region, epilogue: bool, accumulate: bool) 
 
 
 class Deferred:
-    """The `finish` of the previous output block, held back so that the next block's
-    partial-sum reload is issued before it: the ofmap DMA runs in order, and the reload
-    (into the other half) must not wait behind a store that waits for its epilogue."""
+    """The `finish` of the last `depth` output blocks, held back so that the next blocks'
+    partial-sum reloads and bias rows are issued before them: the ofmap DMA runs in
+    order, and a reload (into another slot) must not wait behind a store that waits for
+    its epilogue. A block's slot is reused `slots` blocks later, so depth < slots."""
 
-    def __init__(self, L, g):
-        self.L, self.g, self.args = L, g, None
+    def __init__(self, L, g, depth: int = 1):
+        self.L, self.g, self.depth, self.pending = L, g, depth, []
 
-    def flush(self) -> None:
-        if self.args is not None:
-            finish(self.L, self.g, *self.args)
-            self.args = None
+    def flush(self, keep: int = 0) -> None:
+        """Emit the held finishes, oldest first, until at most `keep` remain."""
+        while len(self.pending) > keep:
+            finish(self.L, self.g, *self.pending.pop(0))
 
     def finish(self, *args) -> None:
-        self.flush()
-        self.args = args
+        """Hold this block's finish (emitting the oldest held one beyond `depth`)."""
+        self.flush(self.depth - 1)
+        self.pending.append(args)
+
+    def ready(self) -> None:
+        """The next block's reload and bias row are issued: release what it need not
+        wait for (all but the last depth - 1 held finishes)."""
+        self.flush(self.depth - 1)
 
 
 def reload_partials(L, g, oslot: Slot, region: Region) -> None:
@@ -161,11 +169,11 @@ def reload_partials(L, g, oslot: Slot, region: Region) -> None:
     L.load("ofmap", oslot.offset, L.buffer_matrix(g.c, *shape), where)
 
 
-def out_rows(L, g, width: int, unit: int) -> int:
+def out_rows(L, g, width: int, unit: int, slots: int = 2) -> int:
     """Rows of a `width`-column output block that fit an ofmap half with its bias row,
     in whole multiples of `unit` rows when at least one fits; refuse when not even
     min(unit, m) rows fit."""
-    room = L.half_words("ofmap") - (width if g.bias is not None else 0)
+    room = L.acc.ofmap_words // slots - (width if g.bias is not None else 0)
     rows = room // (width * g.copies)
     need = min(unit, g.m)
     if rows < need:

@@ -13,6 +13,7 @@ import pytest
 from sa_helpers import assert_close, run_both, small_acc
 from test_stream_instructions import roundtrip, stream_with, whole
 
+import apsat
 from apsat.backends import systolic as sab
 from apsat.backends.systolic import Load, Matmul, Region, Slot, Store
 from apsat.backends.systolic.tiles import even_chunks, folds
@@ -163,3 +164,39 @@ def test_fused_cost_adds_the_epilogue_the_final_passes_do_not_hide():
     assert fused_gemm_cost(FLEX32, 3136, 64, 64, 2)[0].dataflow == "ws"
     heavy, total = fused_gemm_cost(FLEX32, 3136, 64, 64, 6)
     assert heavy.dataflow == "os" and total == max(heavy.total_cycles, vector_cycles(FLEX32, 3136 * 64, 6))
+
+
+FUSED_RELU = ("(fused-dot-bias-act relu (access (access-tensor a) 1) (access (access-tensor w) 1) "
+              "(access (access-tensor bias) 1))")
+
+
+def fused_stream(acc, m, k, n):
+    prog = apsat.parse(FUSED_RELU, {"a": (m, k), "w": (n, k), "bias": (n,)})
+    return sab.compile(prog, acc, weights=["w", "bias"])
+
+
+@pytest.mark.parametrize("df,m,k,n", [
+    ("ws", 32768, 27, 64),    # one row fold: each block's relu takes as long as its pass
+    ("ws", 16384, 96, 64),    # three row folds: the last reloads partial sums, then relu
+    ("is", 64, 27, 32768),    # the mirror image: n streams
+])
+def test_stationary_folds_with_an_epilogue_keep_the_array_busy(df, m, k, n):
+    # Before the folds rotated quarter blocks, a block's pass waited for the block before
+    # last to finish its relu and store and for the reload or bias row queued behind that
+    # store: 25-30 % over gemm_cost on these products. Now the array span is within 2.5 %
+    # of it (measured 1.2 %, 2.3 %, 1.1 %: each fold's first blocks load before the
+    # pipeline fills); fused_gemm_cost prices the epilogue as hidden here.
+    acc = dataclasses.replace(PRESETS["32x32"], dataflow=df)
+    (g,) = [g for g in sab.cycles(fused_stream(acc, m, k, n))["groups"] if g["kind"] == "gemm"]
+    assert g["array_span"] <= g["gemm_cost_total"] * 1.025, g
+
+
+@pytest.mark.parametrize("df", ("ws", "is"))
+def test_pipelined_folds_in_quarter_blocks_match_the_reference(df):
+    # 2 kB scratchpads on 8x8: 300 rows (ws) or columns (is) stream in quarter blocks
+    shapes = ({"a": (300, 20), "w": (12, 20), "bias": (12,)} if df == "ws"
+              else {"a": (12, 20), "w": (300, 20), "bias": (300,)})
+    stream, got, want = run_both(FUSED_RELU, shapes, small_acc(df, kb=2))
+    assert_close(got, want)
+    blocks = {ins.src.offset for ins in stream.main if isinstance(ins, Store)}
+    assert len(blocks) == 4, blocks
