@@ -14,8 +14,9 @@ Per node (ops classified in workload.py):
   fused atoms      the same product plus the epilogue on the vector unit as results drain.
   compute          a dot-product over an access-pair of broadcasts (grouped and depthwise
                    convolutions: independent matrix products, pair_product.py) runs on
-                   the array one product after another or on the vector unit, whichever
-                   pair_dot_cost says is cheaper; any other dot-product not mapped to the
+                   the array one product after another, on the array several depthwise
+                   filters at a time (block-diagonal weights), or on the vector unit,
+                   whichever pair_dot_cost says is cheapest; any other dot-product not mapped to the
                    array runs on the host, one MAC per cycle (this is what makes the
                    array form worth finding); every other
                    operator runs on the vector unit, overlapped with its DRAM traffic.
@@ -124,8 +125,8 @@ class SystolicCycles:
             pp = pair_product_of(graph, child, shapes)
             if pp is not None:
                 cost = pair_dot_cost(self.accel, pp.groups, pp.m, pp.k, pp.n)
-                if cost.unit == "array":
-                    return float(cost.array_cycles)
+                if cost.unit != "vector":
+                    return float(cost.cycles)
                 return float(max(cost.vector_cycles, dram_cycles(self.accel, reads + writes)))
             macs = elements(shapes[child]) / 2
             return HOST_HANDOFF_CYCLES + macs / HOST_MACS_PER_CYCLE + dram_cycles(self.accel, reads + writes)

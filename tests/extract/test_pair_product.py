@@ -8,7 +8,7 @@ from apsat.egraph.importer import load_onnx
 from apsat.extract import extract
 from apsat.extract.cost_systolic import HOST_HANDOFF_CYCLES
 from apsat.extract.pair_product import PairProduct, pair_product
-from apsat.targets.systolic import PRESETS, gemm_cost, pair_dot_cost, vector_cycles
+from apsat.targets.systolic import PRESETS, Accelerator, gemm_cost, pair_dot_cost, vector_cycles
 
 
 def test_grouped_convolution_is_one_product_per_group():
@@ -41,15 +41,23 @@ def test_refused_layouts(it, pre0, pre1, why):
     assert pair_product(it, (3,), pre0, pre1) is None, why
 
 
-def test_pair_dot_cost_puts_wide_groups_on_the_array_and_depthwise_on_the_vector_unit():
+def test_pair_dot_cost_puts_wide_groups_on_the_array_and_batches_depthwise_filters():
     acc = PRESETS["32x32"]
     wide = pair_dot_cost(acc, 2, 128, 1200, 729)
-    assert wide.unit == "array"
+    assert wide.unit == "array" and wide.batched_cycles == 0      # n > 1: no batching
     assert wide.array_cycles == 2 * gemm_cost(acc, 128, 1200, 729).total_cycles
+    # ShuffleNet's first depthwise conv: 112 filters, 32 a pass as a block-diagonal
+    # (32 x 288) . (288 x 784) product (the last pass 16 filters): 2.3x fewer cycles
+    # than the vector unit, 9x fewer than one filter a pass
     depthwise = pair_dot_cost(acc, 112, 784, 9, 1)
-    assert depthwise.unit == "vector"
-    assert depthwise.vector_cycles == vector_cycles(acc, 112 * 784 * 9, 3) < depthwise.array_cycles
-    assert depthwise.cycles == depthwise.vector_cycles
+    assert depthwise.unit == "batched" and depthwise.batch == 32
+    assert depthwise.batched_cycles == (3 * gemm_cost(acc, 32, 288, 784).total_cycles
+                                        + gemm_cost(acc, 16, 144, 784).total_cycles)
+    assert depthwise.vector_cycles == vector_cycles(acc, 112 * 784 * 9, 3)
+    assert depthwise.cycles == depthwise.batched_cycles < depthwise.vector_cycles / 2
+    assert depthwise.vector_cycles < depthwise.array_cycles
+    # on an array of one row there is nothing to batch: the vector unit wins
+    assert pair_dot_cost(Accelerator(1, 32, "os", 64, 64, 64, 64.0), 112, 784, 9, 1).unit == "vector"
 
 
 def test_systolic_cost_model_prices_grouped_convolutions_off_the_host():

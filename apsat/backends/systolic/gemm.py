@@ -157,6 +157,8 @@ def product(L, g: Gemm) -> None:
         g.a = L.buffer_matrix(mat, m, k)
     L.dataflow = fused_gemm_cost(acc, g.m, g.k, g.n, g.epilogue_ops)[0].dataflow
     L.stream.groups[L.tag].dataflow = L.dataflow
+    L.blocks = g.blocks
     TILINGS[L.dataflow](L, g)
+    L.blocks = 1
 
 

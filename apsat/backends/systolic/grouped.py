@@ -11,9 +11,15 @@ extractor's cost model makes:
           groups, rows, columns in that order), stored in place: rows
           [g*m, (g+1)*m) of the output read as a (groups*m) x n matrix. A window operand
           is gathered tile by tile through its address pattern, never materialised.
+  batched a depthwise convolution (n = 1: one filter a group) `batch` groups at a time:
+          the batch's filters as a block-diagonal (batch x batch*k) matrix (a diagonal
+          address pattern over the weights: zeros off the blocks) times its windows as a
+          (batch*k x m) matrix, so `batch` filters fill the array's rows where one filter
+          would use one. The batch's batch x m result is rows [g0, g0 + batch) of the
+          output read as a groups x m matrix. Its MATMULs carry blocks=batch: only one
+          MAC in `batch` is useful work, and the report counts only those.
   vector  rows of the pair are loaded as two (rows x k) tiles and VEC dot gives one
-          output per row (a depthwise convolution: k = 9 MACs per output, too few columns
-          to use the array).
+          output per row (3 operations a MAC on the vector unit's lanes).
 
 Anything else (a pair whose axes are not in that order, a non-view operand) is left to
 the caller, which makes it a HOST step.
@@ -54,8 +60,11 @@ def lower_pair_dot(L, t) -> None:
     pp = pair_product(tuple(it), tuple(item), ops[0][2], ops[1][2])
     if pp is None:
         raise Unlowerable("dot-product over a pair whose axes are not groups, rows and columns")
-    if pair_dot_cost(L.acc, pp.groups, pp.m, pp.k, pp.n).unit == "array":
+    cost = pair_dot_cost(L.acc, pp.groups, pp.m, pp.k, pp.n)
+    if cost.unit == "array":
         _on_array(L, t, pp, ops, tuple(it))
+    elif cost.unit == "batched":
+        _batched(L, t, pp, ops, tuple(it), len(item), cost.batch)
     else:
         _on_vector(L, t, pp, ops, tuple(it), math.prod(item))
 
@@ -78,6 +87,33 @@ def _on_array(L, t, pp: PairProduct, ops, it: tuple) -> None:
         bview = L.view(base_b, _group_steps(steps_b, group_axes, index)
                        + (("reshape", (n, k)), ("transpose", (1, 0))))
         gemm.product(L, gemm.Gemm(m, k, n, aview, bview, out, mode, c_rows=pp.groups * m, c_row0=g * m))
+
+
+def _batch_order(n_iter: int, n_item: int, axis: int) -> tuple:
+    """Axis order group axis, item axes, the other iterated axes."""
+    rest = tuple(a for a in range(n_iter) if a != axis)
+    return (axis,) + tuple(range(n_iter, n_iter + n_item)) + rest
+
+
+def _batched(L, t, pp: PairProduct, ops, it: tuple, n_item: int, batch: int) -> None:
+    from apsat.backends.systolic.lower import Unlowerable
+
+    axes = [a for a, d in enumerate(it) if d > 1 and all(o[2][a] == d for o in ops)]
+    if len(axes) != 1:
+        raise Unlowerable("batched depthwise product over more than one group axis")
+    axis, order, k, m = axes[0], _batch_order(len(it), n_item, axes[0]), pp.k, pp.m
+    (base_x, steps_x, _, _), (base_w, steps_w, _, _) = ops[pp.left], ops[1 - pp.left]
+    L.begin(t, "grouped", f"dot-product {pp.groups} groups, {batch} a pass", m=batch, k=batch * k, n=m,
+            a_mode="dense")
+    out = L.buf_of[t]
+    for g0 in range(0, pp.groups, batch):
+        b = min(batch, pp.groups - g0)
+        pick = (("slice", axis, g0, g0 + b), ("transpose", order))
+        windows = L.view(base_x, tuple(steps_x) + pick + (("reshape", (b * k, m)),))
+        filters = L.view(base_w, tuple(steps_w) + pick + (("reshape", (b, k)), ("diag", 0),
+                                                           ("transpose", (2, 0, 1)), ("reshape", (b, b * k))))
+        gemm.product(L, gemm.Gemm(b, b * k, m, filters, windows, out, "dense", c_rows=pp.groups, c_row0=g0,
+                                  blocks=b))
 
 
 def _on_vector(L, t, pp: PairProduct, ops, it: tuple, k: int) -> None:

@@ -27,7 +27,8 @@ Instructions (one dataclass each; `tag` names the lowered program node they belo
   MATMUL   one pass through the array: dst (+)= a @ b on 2-D blocks, a or b "array"
            for the stationary operand; `fill` marks the pass that pays the fold's
            pipeline fill (a fold streamed in several chunks pays it once); `init`, a
-           bias row the accumulators start from.
+           bias row the accumulators start from; `blocks`, a block-diagonal a (batched
+           depthwise filters: one MAC in `blocks` is useful).
   VEC      the vector unit on scratchpad blocks: map (unary elementwise), zip (binary
            elementwise), row (an operator over each row's item: reductions, softmax,
            LRN...), axis0 (the block is one item: an operator across its rows, such as
@@ -216,7 +217,9 @@ class Matmul:
     configuration for the pass (os, ws or is; "" for the accelerator's own, which a
     flexible array does not have). `init`: a one-row block the accumulators start from,
     repeated over dst's rows (a bias: dst = init + a @ b; Gemmini's D operand), so the
-    vector unit has no bias to add."""
+    vector unit has no bias to add. `blocks`: a is block-diagonal with this many blocks
+    (several small products batched on the array, grouped.py), so only m*k*n / blocks
+    of the pass's MACs are useful work; the cycle report counts those."""
 
     dst: Operand
     a: Union[Operand, str]
@@ -229,6 +232,7 @@ class Matmul:
     tag: str = ""
     dataflow: str = ""
     init: Operand | None = None
+    blocks: int = 1
 
 
 @dataclass(frozen=True)

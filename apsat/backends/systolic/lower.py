@@ -83,6 +83,7 @@ class Lowering:
         self.seq: list = self.stream.main
         self.tag = ""
         self.dataflow = ""            # the dataflow of the product being emitted (gemm.product)
+        self.blocks = 1               # its A's diagonal blocks (gemm.product, tiles.emit_pass)
 
     # ---- names, buffers, views -------------------------------------------------------------
 

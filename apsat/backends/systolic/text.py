@@ -173,7 +173,8 @@ def instruction_text(ins) -> str:
         return (f"MATMUL {ins.dst.text()} <- {_op_text(ins.a)} * {_op_text(ins.b)} m={ins.m} "
                 f"k={ins.k} n={ins.n} acc={int(ins.accumulate)} fill={int(ins.fill)}"
                 f"{f' df={ins.dataflow}' if ins.dataflow else ''}"
-                f"{f' init={ins.init.text()}' if ins.init is not None else ''}{tag}")
+                f"{f' init={ins.init.text()}' if ins.init is not None else ''}"
+                f"{f' blocks={ins.blocks}' if ins.blocks != 1 else ''}{tag}")
     if isinstance(ins, Vec):
         srcs = ", ".join(s.text() for s in ins.srcs)
         item = f" item={_dims(ins.item)}" if ins.mode == "row" else ""
@@ -243,7 +244,7 @@ def parse_instruction(line: str):
     if op == "MATMUL":
         return Matmul(_operand(tok[1]), _operand(tok[3]), _operand(tok[5]), int(kv["m"]), int(kv["k"]),
                       int(kv["n"]), kv["acc"] == "1", kv["fill"] == "1", tag, kv.get("df", ""),
-                      _operand(kv["init"]) if "init" in kv else None)
+                      _operand(kv["init"]) if "init" in kv else None, int(kv.get("blocks", 1)))
     if op == "VEC":
         arrow = tok.index("<-")
         srcs = [t.rstrip(",") for t in tok[arrow + 1:] if "=" not in t]

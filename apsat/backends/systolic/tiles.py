@@ -17,7 +17,8 @@ class Gemm:
     the resident input as one 1 x size view; optional `bias` (a 1 x n view: the
     accumulators start from it, see bias_row) and activation `act` (operator text); optional `res`, an m x n view zipped onto the
     result by operator `res_op` (the result its first operand unless `res_first`): an
-    element-wise consumer, such as a residual add, fused into the epilogue."""
+    element-wise consumer, such as a residual add, fused into the epilogue. `blocks`: A
+    is block-diagonal with that many blocks (batched depthwise filters, grouped.py)."""
 
     m: int
     k: int
@@ -34,6 +35,7 @@ class Gemm:
     res: str | None = None
     res_op: str | None = None
     res_first: bool = False
+    blocks: int = 1
 
     def c_region(self, region: Region) -> tuple[tuple[int, int], Region]:
         """(matrix shape of c, `region` of the product placed in it)."""
@@ -107,7 +109,7 @@ def emit_pass(L, dst: Operand, a, b, m, k, n, accumulate: bool, fill: bool, bias
     `bias` (the block's bias row, bias_row) the accumulators start from its columns
     under dst."""
     init = None if bias is None else Operand(bias, Region(0, 1, dst.region.c0, dst.region.c1))
-    L.emit(Matmul(dst, a, b, m, k, n, accumulate, fill, L.tag, L.dataflow, init))
+    L.emit(Matmul(dst, a, b, m, k, n, accumulate, fill, L.tag, L.dataflow, init, L.blocks))
 
 
 def out_block(L, rows: int, cols: int, slots: int = 2) -> Slot:

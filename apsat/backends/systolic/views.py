@@ -8,6 +8,8 @@ A view is a base buffer plus steps, each a tuple:
   ("slice", axis, lo, hi)                    indices [lo, hi) of one axis
   ("broadcast", dims)                        repeat size-1 axes (stride 0)
   ("pad", axis, before, after, value)        out-of-range indices read `value`
+  ("diag", axis)                             a new last axis j: x where index[axis] == j,
+                                             else 0 (block-diagonal weights, grouped.py)
 They are the language's view ops reduced to what addressing needs (the split between
 iterated and item dims matters only to `windows`, which records it). `apply` evaluates a
 view with numpy (views where numpy can, copies where it must); `footprint` estimates how
@@ -22,7 +24,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from apsat.errors import ApsatError
 
-STEP_KINDS = ("reshape", "transpose", "windows", "slice", "broadcast", "pad")
+STEP_KINDS = ("reshape", "transpose", "windows", "slice", "broadcast", "pad", "diag")
 
 
 def step_dims(dims: tuple, step: tuple) -> tuple:
@@ -43,6 +45,8 @@ def step_dims(dims: tuple, step: tuple) -> tuple:
     if kind == "pad":
         _, axis, before, after, _ = step
         return dims[:axis] + (dims[axis] + before + after,) + dims[axis + 1:]
+    if kind == "diag":
+        return tuple(dims) + (dims[step[1]],)
     raise ApsatError(f"unknown view step {kind!r}")
 
 
@@ -56,11 +60,11 @@ def dims_after(dims: tuple, steps) -> tuple:
 def footprint(base_dims: tuple, steps) -> int:
     """Distinct base elements the view reads (an estimate that is exact for reshapes,
     transposes, slices, broadcasts, pads and windows that cover their input): the least
-    element count along the chain, pads and broadcasts adding nothing read."""
+    element count along the chain, pads, broadcasts and diagonals adding nothing read."""
     dims, fp = tuple(base_dims), math.prod(base_dims)
     for s in steps:
         dims = step_dims(dims, s)
-        if s[0] not in ("pad", "broadcast"):
+        if s[0] not in ("pad", "broadcast", "diag"):
             fp = min(fp, math.prod(dims))
     return fp
 
@@ -91,6 +95,10 @@ def apply(x: np.ndarray, steps) -> np.ndarray:
             width = [(0, 0)] * x.ndim
             width[s[1]] = (s[2], s[3])
             x = np.pad(x, width, mode="constant", constant_values=np.float32(s[4]))
+        elif kind == "diag":
+            n = x.shape[s[1]]
+            on = np.eye(n, dtype=bool).reshape([n if i == s[1] else 1 for i in range(x.ndim)] + [n])
+            x = np.where(on, x[..., None], np.zeros((), x.dtype))
         else:
             raise ApsatError(f"unknown view step {kind!r}")
     return x
@@ -120,6 +128,8 @@ def step_text(step: tuple) -> str:
         return f"slice {step[1]} {step[2]}:{step[3]}"
     if kind == "pad":
         return f"pad {step[1]} {step[2]}:{step[3]} {float(step[4])!r}"
+    if kind == "diag":
+        return f"diag {step[1]}"
     raise ApsatError(f"unknown view step {kind!r}")
 
 
@@ -141,4 +151,6 @@ def parse_step(text: str) -> tuple:
     if kind == "pad":
         lo, hi = parts[1].split(":")
         return (kind, int(parts[0]), int(lo), int(hi), float(parts[2]))
+    if kind == "diag":
+        return (kind, int(parts[0]))
     raise ApsatError(f"unknown view step {kind!r} in {text!r}")

@@ -1,5 +1,5 @@
 """Grouped and depthwise convolutions (dot-products over access-pairs of broadcasts) on
-the array, one GEMM per group, or on the vector unit (apsat/backends/systolic/grouped.py),
+the array, one GEMM per group or depthwise filters batched, or on the vector unit (apsat/backends/systolic/grouped.py),
 against the reference interpreter and onnxruntime on every dataflow. Tolerances:
 sa_helpers (float32, sums re-ordered)."""
 from __future__ import annotations
@@ -51,6 +51,51 @@ def test_depthwise_conv_runs_on_the_vector_unit(df):
     assert dots and not any(isinstance(i, Matmul) for i in stream.main)
     rep = sab.cycles(stream)
     assert rep["vector_macs"] == 8 * 36 * 9 and rep["macs"] == 0
+
+
+@pytest.mark.parametrize("df", ("os", "is"))
+@pytest.mark.parametrize("groups", (8, 12))
+def test_depthwise_conv_batches_filters_on_the_array(df, groups):
+    # 8 lanes: the vector unit is slower than 8 filters a pass as a block-diagonal
+    # (8 x 72) . (72 x 36) product; 12 groups take a pass of 8 and one of 4. (Under ws
+    # the batch's 8 rows would stream through 45 folds: one filter a pass is cheaper
+    # there, and pair_dot_cost says so.)
+    text = _grouped_text(groups, 1, 1, 3, 6, 8)
+    stream, got, want = run_both(text, {"x": (1, groups, 8, 8), "w": (groups, 1, 3, 3)}, small_acc(df))
+    assert_close(got, want)
+    assert not any(isinstance(i, Vec) for i in stream.main)
+    passes = [i for i in stream.main if isinstance(i, Matmul)]
+    assert {i.blocks for i in passes} == ({8} if groups == 8 else {8, 4})
+    (group,) = [g for g in stream.groups.values() if g.kind == "grouped"]
+    assert (group.m, group.k, group.n) == (8, 72, 36)
+    rep = sab.cycles(stream)
+    assert rep["macs"] == groups * 36 * 9          # the useful MACs, not the zeros
+    assert sum(i.m * i.k * i.n for i in passes) == (8 * 72 * 36 if groups == 8 else 8 * 72 * 36 + 4 * 36 * 36)
+    assert sab.to_text(sab.parse(sab.to_text(stream))) == sab.to_text(stream)
+
+
+def test_the_backend_batches_where_pair_dot_cost_does():
+    from apsat.targets.systolic import pair_dot_cost
+
+    for df in DATAFLOWS:
+        acc = small_acc(df)
+        stream, got, want = run_both(_grouped_text(8, 1, 1, 3, 6, 8), {"x": (1, 8, 8, 8), "w": (8, 1, 3, 3)}, acc)
+        assert_close(got, want)
+        batched = any(isinstance(i, Matmul) and i.blocks > 1 for i in stream.main)
+        assert batched == (pair_dot_cost(acc, 8, 36, 9, 1).unit == "batched"), df
+
+
+def test_diagonal_view_step_embeds_an_axis():
+    import numpy as np
+
+    from apsat.backends.systolic.views import apply, dims_after, parse_step, step_text
+
+    x = np.arange(1, 7, dtype=np.float32).reshape(2, 3)
+    d = apply(x, (("diag", 0),))
+    assert d.shape == dims_after((2, 3), (("diag", 0),)) == (2, 3, 2)
+    assert (d[0, :, 0] == x[0]).all() and (d[1, :, 1] == x[1]).all()
+    assert (d[0, :, 1] == 0).all() and (d[1, :, 0] == 0).all()
+    assert parse_step(step_text(("diag", 0))) == ("diag", 0)
 
 
 def test_stream_text_round_trips_grouped_and_dot_instructions():
