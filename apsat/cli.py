@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--lowering", type=_lowering, default=None, metavar="LIST",
                        help="systolic targets: comma-separated lowering options: gather (im2col "
                             "windows gathered by the DMA), fold (transposes and pads as address "
-                            "patterns), zips (an element-wise op over a fused GEMM in its epilogue), "
+                            "patterns, concatenations built in place), zips (an element-wise op over a fused GEMM in its epilogue), "
                             "or all; default: follow the cost model")
         p.add_argument("--regions", action="store_true",
                        help="saturate region by region, identical regions once")

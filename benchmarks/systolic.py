@@ -22,7 +22,7 @@ Each is lowered twice: with the backend's defaults, which follow the extractor's
 model (im2col matrices whose input does not fit the ifmap scratchpad are materialised in
 DRAM; transposes and pads are DMA copies), and with im2col="gather", fold_copies=True,
 fuse_zips=True (windows gathered from DRAM by the DMA, transposes and pads as address
-patterns, an element-wise op over a fused GEMM's result in that GEMM's epilogue): one
+patterns, concatenations built in place from GEMM results, an element-wise op over a fused GEMM's result in that GEMM's epilogue): one
 table each.
 
 Columns: total cycles per inference, utilisation against the compute bound

@@ -91,7 +91,9 @@ def _lower(L, t, label, m, k, n, base_a, steps_a, bview, bias, act, extra=None) 
     aview = L.matrix(base_a, steps_a, m, k)
     mode = a_mode(L, base_a, aview, m * k, L.im2col == "model")
     L.begin(t, "gemm", label, m=m, k=k, n=n, a_mode=mode)
-    product(L, Gemm(m, k, n, aview, bview, L.buf_of[t], mode, None, bias, act, **(extra or {})))
+    place = L.placed.get(t)         # stored into its columns of a concatenation (inplace.py)
+    where = {"c_cols": place.cols, "c_col0": place.offset} if place else {}
+    product(L, Gemm(m, k, n, aview, bview, L.buf_of[t], mode, None, bias, act, **(extra or {}), **where))
 
 
 def residual_fusions(L, order) -> dict:

@@ -20,9 +20,11 @@ Three options change how much the stream follows the extractor's cost model:
       scratchpad, else the im2col matrix is materialised in DRAM (cost_systolic._im2col);
       "gather": a DMA gathers the windows from DRAM instead of materialising them (it
       reads each tile's share of the input, as SCALE-Sim reads a convolution's ifmap).
-  fold_copies=False (default): transposes and pads are DMA copies, as the cost model
-      prices them; True: they become address patterns of their consumers (a strided or
-      zero-filling DMA), so they move no data of their own. Concatenations stay copies.
+  fold_copies=False (default): transposes, pads and concatenations are DMA copies, as
+      the cost model prices them; True: transposes and pads become address patterns of
+      their consumers (a strided or zero-filling DMA), so they move no data of their
+      own, and concatenations along the last axis are built in place from GEMM results
+      and inner concatenations (inplace.py; other parts are still copied).
   fuse_zips=False (default): an element-wise op over a pair runs as its own vector pass,
       as the cost model prices it; True: where one operand is a fused-dot-bias(-act) that
       nothing else reads (a residual add after a convolution), the op joins the GEMM's
@@ -39,8 +41,8 @@ from __future__ import annotations
 
 import math
 
-from apsat.backends.systolic import gemm, vector
-from apsat.backends.systolic.isa import SCRATCHPADS, Buffer, Group, Host, Load, Region, Slot, Stream, View
+from apsat.backends.systolic import gemm, inplace, vector
+from apsat.backends.systolic.isa import SCRATCHPADS, Buffer, Copy, Group, Host, Load, Region, Slot, Stream, View
 from apsat.backends.systolic.views import dims_after, footprint
 from apsat.egraph.program import Program
 from apsat.egraph.syntax import to_text
@@ -76,6 +78,7 @@ class Lowering:
         self.buf_of: dict[Term, str] = {}
         self.const: dict[Term, bool] = {}
         self.tensor_buf: dict[str, str] = {}
+        self.placed: dict[Term, inplace.Placement] = {}     # terms stored in a concatenation's buffer
         self._view_key: dict[tuple, str] = {}
         self._next_half = {sp: 0 for sp in SCRATCHPADS}
         self._next_part: dict[tuple, int] = {}
@@ -148,6 +151,8 @@ class Lowering:
         while True:
             if t in self.buf_of:
                 base = self.buf_of[t]
+                if t in self.placed:
+                    steps.append(self.placed[t].step())
                 break
             op = t.op
             if op == "access-tensor":
@@ -234,12 +239,19 @@ class Lowering:
             self.const[t] = self._is_const(t)
         fused = gemm.residual_fusions(self, order) if self.fuse_zips else {}
         deferred = {f[0] for f in fused.values()}
+        if self.fold:
+            self.placed = inplace.plan(self, order, deferred)
+            for root in {p.root for p in self.placed.values()}:
+                self.buf_of[root] = self.new_buffer(self.dims(root))
         for t in order:
             if t.op in VIEW_OPS or (self.fold and t.op in ("access-transpose", "access-pad")):
                 continue
             if t in deferred:               # lowered with its consumer's epilogue
                 continue
-            self.buf_of[t] = self.new_buffer(self.dims(t))
+            if t in self.placed:
+                self.buf_of[t] = self.buf_of[self.placed[t].root]
+            elif t not in self.buf_of:
+                self.buf_of[t] = self.new_buffer(self.dims(t))
             if t in fused and self._attempt(lambda: gemm.lower_fused(self, fused[t][0], (t,) + fused[t][1:]))[0]:
                 continue
             if t in fused:                   # the fused form did not lower: the GEMM first
@@ -269,10 +281,22 @@ class Lowering:
             return False, str(why)
 
     def _lower_or_host(self, t: Term) -> None:
-        """Lower `t`, or make it a host step naming why not."""
+        """Lower `t`, or make it a host step naming why not (a term placed in a
+        concatenation's buffer: into a buffer of its own, then copied into place)."""
         ok, why = self._attempt(lambda: self._lower(t))
-        if not ok:
+        if ok:
+            return
+        p = self.placed.get(t)
+        if p is None:
             self.host(t, why)
+            return
+        root = self.buf_of[t]
+        self.buf_of[t] = own = self.new_buffer(self.dims(t))
+        del self.placed[t]
+        self.host(t, why)
+        v = self.view(own)
+        self.emit(Copy(root, v, self.stream.views[v].size, p.axis, p.offset, p.offset + p.width, self.tag))
+        self.buf_of[t], self.placed[t] = root, p
 
     def _is_const(self, t: Term) -> bool:
         if t.op == "access-tensor":
@@ -310,7 +334,7 @@ class Lowering:
             if x is not t and x in self.buf_of:
                 b = self.buf_of[x]
                 used.add(b)
-                y = Term("access", (Term("access-tensor", (b,)), self.split(x)))
+                y = inplace.host_operand(self, x, b)
             elif x.op == "access-tensor":
                 b = self._tensor(x.args[0])
                 used.add(b)

@@ -13,7 +13,8 @@ from apsat.errors import ApsatError
 class Gemm:
     """A product to tile: A (`a`, an m x k matrix view), B (`b`, k x n), into buffer `c`
     (m x n, or rows [c_row0, c_row0 + m) of c read as a c_rows x n matrix when c_rows is
-    set: one group of a grouped product); `a_mode` dense / resident / im2col; `a_full`:
+    set: one group of a grouped product; columns [c_col0, c_col0 + n) of c read with
+    c_cols columns when c_cols is set: a part of a concatenation built in place); `a_mode` dense / resident / im2col; `a_full`:
     the resident input as one 1 x size view; optional `bias` (a 1 x n view: the
     accumulators start from it, see bias_row) and activation `act` (operator text); optional `res`, an m x n view zipped onto the
     result by operator `res_op` (the result its first operand unless `res_first`): an
@@ -32,6 +33,8 @@ class Gemm:
     act: str | None = None
     c_rows: int = 0
     c_row0: int = 0
+    c_cols: int = 0
+    c_col0: int = 0
     res: str | None = None
     res_op: str | None = None
     res_first: bool = False
@@ -39,8 +42,9 @@ class Gemm:
 
     def c_region(self, region: Region) -> tuple[tuple[int, int], Region]:
         """(matrix shape of c, `region` of the product placed in it)."""
-        r = Region(region.r0 + self.c_row0, region.r1 + self.c_row0, region.c0, region.c1)
-        return (self.c_rows or self.m, self.n), r
+        r = Region(region.r0 + self.c_row0, region.r1 + self.c_row0, region.c0 + self.c_col0,
+                   region.c1 + self.c_col0)
+        return (self.c_rows or self.m, self.c_cols or self.n), r
 
     @property
     def epilogue(self) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from apsat.backends.systolic import inplace
 from apsat.backends.systolic.isa import Copy, Operand, Region, Slot, Store, Vec
 from apsat.egraph.ops import COMPUTE_OPS
 
@@ -173,14 +174,21 @@ def lower_copy(L, t) -> None:
     out = L.buf_of[t]
     if t.op == "access-concatenate":
         a, b, axis = t.args
-        parts = [(a, L.need_chain(a, "concatenate's first operand")),
-                 (b, L.need_chain(b, "concatenate's second operand"))]
-        L.begin(t, "copy", t.op)
-        lo = 0
-        for term, (base, steps) in parts:
-            v = L.view(base, steps)
+        # built in place (inplace.py): the placed parts are there already; the others are
+        # copied to their columns, offset by where this concatenation itself lies
+        at = L.placed[t].offset if t in L.placed else 0
+        lo, begun = 0, False
+        for i, term in enumerate((a, b)):
             hi = lo + L.dims(term)[axis]
-            L.emit(Copy(out, v, L.dram_words(v, L.stream.views[v].size), axis, lo, hi, L.tag))
+            q = inplace.producer(L, term)
+            p = L.placed.get(q)
+            if p is None or L.buf_of.get(q) != out or p.offset != at + lo:
+                base, steps = L.need_chain(term, f"concatenate's {('first', 'second')[i]} operand")
+                v = L.view(base, steps)
+                if not begun:
+                    L.begin(t, "copy", t.op)
+                    begun = True
+                L.emit(Copy(out, v, L.dram_words(v, L.stream.views[v].size), axis, at + lo, at + hi, L.tag))
             lo = hi
         return
     x = t.args[0]

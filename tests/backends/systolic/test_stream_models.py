@@ -78,6 +78,11 @@ def test_squeezenet_fused_matches_onnxruntime(opts):
     # through a transposed address pattern when copies are folded)
     assert rep["host_steps"] == [] and (rep["init_cycles"] > 0) != bool(opts.get("fold_copies"))
     assert {g["label"] for g in rep["groups"] if g["section"] == "init"} <= {"access-transpose"}
+    # the fire modules' two expand convolutions store into their concatenation's columns
+    # when copies are folded (inplace.py); else each part is a COPY
+    concat = {t for t, g in stream.groups.items() if g.label == "access-concatenate"}
+    copies = [i for i in stream.main if isinstance(i, sab.Copy) and i.tag in concat]
+    assert len(copies) == (0 if opts.get("fold_copies") else 16)
 
 
 def test_alexnet_matches_onnxruntime_with_its_grouped_convolutions_on_the_array():
