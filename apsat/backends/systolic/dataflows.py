@@ -96,6 +96,7 @@ def _slot_room(L, g, spatial: int, spatial_rows: bool) -> int:
         return words // (g.copies * spatial + bias)
     return (words - (spatial if bias else 0)) // (spatial * g.copies)
 
+
 # ---- weight and input stationary ------------------------------------------------------------
 # The two are mirror images: ws holds weight tiles (k x n folds) and streams A's m rows; is
 # holds input tiles (k x m folds) and streams B's n columns. Their spatial folds are the
@@ -152,14 +153,14 @@ def _grouped_folds(L, g, k_folds, s_folds, per_block, t_size, spatial_rows, load
         done.flush()
 
 
-def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chunk_pass, epi_chunks=None):
+def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chunk_pass, pipelined_chunks=None):
     """The streamed dimension in chunks that fit the scratchpads: per spatial fold and
     row fold the stationary tile is held once and the chunks pass one after the other
     (only the first pays the fill), each into its own output block. chunk_pass(oslot, s0,
     s1, k0, k1, t0, t1, reload, bias) emits a chunk's pass (bias as in _grouped_folds).
     A fold whose blocks need the ofmap DMA or the vector unit besides their store (a
-    partial-sum reload, a bias row, an epilogue) takes `epi_chunks` (chunks that fit a
-    quarter of the ofmap, when given): with two halves a block's pass would wait for
+    partial-sum reload, a bias row, an epilogue) takes `pipelined_chunks` (chunks that
+    fit a quarter of the ofmap, when given): with two halves a block's pass would wait for
     the block before last to finish its epilogue and store, and for the reload or bias
     row queued behind that store, on every chunk."""
     for s0, s1 in s_folds:
@@ -168,10 +169,10 @@ def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chun
             preload(s0, s1, k0, k1)
             # A block whose finish waits for the vector unit, or whose reload or bias row
             # the ofmap DMA must fetch, keeps the DMA two blocks ahead: quarter blocks.
-            deep = epi_chunks is not None and (epi or reload or (ri == 0 and g.bias is not None))
-            slots = PIPELINED_SLOTS if deep else 2
+            pipelined = pipelined_chunks is not None and (epi or reload or (ri == 0 and g.bias is not None))
+            slots = PIPELINED_SLOTS if pipelined else 2
             done = Deferred(L, g, slots // 2)
-            for t0, t1 in (epi_chunks if deep else t_chunks):
+            for t0, t1 in (pipelined_chunks if pipelined else t_chunks):
                 region = _region(spatial_rows, s0, s1, t0, t1)
                 oslot = out_block(L, region.rows, region.cols, slots)
                 if reload:
@@ -229,11 +230,11 @@ def _ws(L, g) -> None:
         a = whole(L.load("ifmap", L.half("ifmap"), g.a, reg)) if a_how == "fold" else a_operand(g, a_slot, reg)
         emit_pass(L, whole(oslot), a, ARRAY, m1 - m0, k1 - k0, c1 - c0, reload, m0 == 0, brow)
 
-    deep = _slot_room(L, g, nc, False)
+    quarter = _slot_room(L, g, nc, False)
     if a_how == "fold":
-        deep = min(deep, Ha // kr)
+        quarter = min(quarter, Ha // kr)
     _chunked_folds(L, g, n_folds, k_folds, even_chunks(m, rows), False, weights, chunk_pass,
-                   even_chunks(m, deep) if deep >= 1 else None)
+                   even_chunks(m, quarter) if quarter >= 1 else None)
 
 
 def _is(L, g) -> None:
@@ -282,11 +283,11 @@ def _is(L, g) -> None:
         b = Operand(b_slot, reg) if b_how == "all" else whole(L.load("filter", L.half("filter"), g.b, reg))
         emit_pass(L, whole(oslot), ARRAY, b, c1 - c0, k1 - k0, n1 - n0, reload, n0 == 0, brow)
 
-    deep = _slot_room(L, g, mc, True)
+    quarter = _slot_room(L, g, mc, True)
     if b_how != "all":
-        deep = min(deep, Hb // kr)
+        quarter = min(quarter, Hb // kr)
     _chunked_folds(L, g, m_folds, k_folds, even_chunks(n, cols), True, stationary, chunk_pass,
-                   even_chunks(n, deep) if deep >= 1 else None)
+                   even_chunks(n, quarter) if quarter >= 1 else None)
 
 
 TILINGS = {"os": _os, "ws": _ws, "is": _is}

@@ -61,10 +61,10 @@ def lower_pair_dot(L, t) -> None:
     if pp is None:
         raise Unlowerable("dot-product over a pair whose axes are not groups, rows and columns")
     cost = pair_dot_cost(L.acc, pp.groups, pp.m, pp.k, pp.n)
-    if cost.unit == "array":
+    if cost.unit == "batched" and _batched(L, t, pp, ops, tuple(it), len(item), cost.batch):
+        return
+    if cost.unit == "array" or (cost.unit == "batched" and cost.array_cycles <= cost.vector_cycles):
         _on_array(L, t, pp, ops, tuple(it))
-    elif cost.unit == "batched":
-        _batched(L, t, pp, ops, tuple(it), len(item), cost.batch)
     else:
         _on_vector(L, t, pp, ops, tuple(it), math.prod(item))
 
@@ -95,12 +95,12 @@ def _batch_order(n_iter: int, n_item: int, axis: int) -> tuple:
     return (axis,) + tuple(range(n_iter, n_iter + n_item)) + rest
 
 
-def _batched(L, t, pp: PairProduct, ops, it: tuple, n_item: int, batch: int) -> None:
-    from apsat.backends.systolic.lower import Unlowerable
-
+def _batched(L, t, pp: PairProduct, ops, it: tuple, n_item: int, batch: int) -> bool:
+    """`batch` groups a GEMM (see `batched` in the module docstring); False, emitting
+    nothing, when the groups span more than one axis (the caller takes the next best)."""
     axes = [a for a, d in enumerate(it) if d > 1 and all(o[2][a] == d for o in ops)]
     if len(axes) != 1:
-        raise Unlowerable("batched depthwise product over more than one group axis")
+        return False
     axis, order, k, m = axes[0], _batch_order(len(it), n_item, axes[0]), pp.k, pp.m
     (base_x, steps_x, _, _), (base_w, steps_w, _, _) = ops[pp.left], ops[1 - pp.left]
     L.begin(t, "grouped", f"dot-product {pp.groups} groups, {batch} a pass", m=batch, k=batch * k, n=m,
@@ -114,6 +114,7 @@ def _batched(L, t, pp: PairProduct, ops, it: tuple, n_item: int, batch: int) -> 
                                                            ("transpose", (2, 0, 1)), ("reshape", (b, b * k))))
         gemm.product(L, gemm.Gemm(b, b * k, m, filters, windows, out, "dense", c_rows=pp.groups, c_row0=g0,
                                   blocks=b))
+    return True
 
 
 def _on_vector(L, t, pp: PairProduct, ops, it: tuple, k: int) -> None:

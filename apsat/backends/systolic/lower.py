@@ -241,7 +241,8 @@ class Lowering:
         deferred = {f[0] for f in fused.values()}
         if self.fold:
             self.placed = inplace.plan(self, order, deferred)
-            for root in {p.root for p in self.placed.values()}:
+            roots = {p.root for p in self.placed.values()}
+            for root in (t for t in order if t in roots):      # in program order: stable names
                 self.buf_of[root] = self.new_buffer(self.dims(root))
         for t in order:
             if t.op in VIEW_OPS or (self.fold and t.op in ("access-transpose", "access-pad")):
