@@ -431,6 +431,6 @@ def pair_dot_cost(acc: Accelerator, groups: int, m: int, k: int, n: int) -> Pair
     vector = vector_cycles(acc, macs, VECTOR_OPS_PER_MAC)
     batch = min(groups, acc.rows)
     batched = batched_pair_cycles(acc, groups, m, k, batch) if n == 1 and batch > 1 else 0
-    options = [("array", array), ("batched", batched), ("vector", vector)]
-    unit = min((o for o in options if o[1] > 0 or o[0] != "batched"), key=lambda o: o[1])[0]
+    options = [("array", array)] + ([("batched", batched)] if batched else []) + [("vector", vector)]
+    unit = min(options, key=lambda o: o[1])[0]
     return PairDotCost(unit, array, vector, batched, batch if batched else 1)

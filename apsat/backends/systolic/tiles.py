@@ -12,11 +12,12 @@ from apsat.errors import ApsatError
 @dataclass
 class Gemm:
     """A product to tile: A (`a`, an m x k matrix view), B (`b`, k x n), into buffer `c`
-    (m x n, or rows [c_row0, c_row0 + m) of c read as a c_rows x n matrix when c_rows is
+    (m x n; rows [c_row0, c_row0 + m) of c read as a c_rows x n matrix when c_rows is
     set: one group of a grouped product; columns [c_col0, c_col0 + n) of c read with
-    c_cols columns when c_cols is set: a part of a concatenation built in place); `a_mode` dense / resident / im2col; `a_full`:
-    the resident input as one 1 x size view; optional `bias` (a 1 x n view: the
-    accumulators start from it, see bias_row) and activation `act` (operator text); optional `res`, an m x n view zipped onto the
+    c_cols columns when c_cols is set: a part of a concatenation built in place).
+    `a_mode` dense / resident / im2col; `a_full`: the resident input as one 1 x size
+    view. Optional `bias` (a 1 x n view: the accumulators start from it, see bias_row)
+    and activation `act` (operator text); optional `res`, an m x n view zipped onto the
     result by operator `res_op` (the result its first operand unless `res_first`): an
     element-wise consumer, such as a residual add, fused into the epilogue. `blocks`: A
     is block-diagonal with that many blocks (batched depthwise filters, grouped.py)."""
@@ -160,7 +161,7 @@ class Deferred:
 
     def finish(self, *args) -> None:
         """Hold this block's finish (emitting the oldest held one beyond `depth`)."""
-        self.flush(self.depth - 1)
+        self.ready()
         self.pending.append(args)
 
     def ready(self) -> None:
@@ -175,16 +176,14 @@ def reload_partials(L, g, oslot: Slot, region: Region) -> None:
     L.load("ofmap", oslot.offset, L.buffer_matrix(g.c, *shape), where)
 
 
-def out_rows(L, g, width: int, unit: int, slots: int = 2) -> int:
+def out_rows(L, g, width: int, unit: int) -> int:
     """Rows of a `width`-column output block that fit an ofmap half with its bias row,
     in whole multiples of `unit` rows when at least one fits; refuse when not even
     min(unit, m) rows fit."""
-    room = L.acc.ofmap_words // slots - (width if g.bias is not None else 0)
+    room = L.half_words("ofmap") - (width if g.bias is not None else 0)
     rows = room // (width * g.copies)
     need = min(unit, g.m)
     if rows < need:
         refuse(L, f"half of the ofmap scratchpad ({L.half_words('ofmap')} words) cannot hold "
                    f"a {need}x{width} output tile{' and its bias row' if g.bias is not None else ''}")
     return rows if rows < unit else rows - rows % unit
-
-
