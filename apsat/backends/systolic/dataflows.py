@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from apsat.backends.systolic.isa import ARRAY, Operand, Preload, Region
 from apsat.backends.systolic.tiles import (Deferred, a_operand, bias_row, emit_pass, even_chunks, folds, load_a_resident, out_block, out_rows, refuse,
-                                           reload_partials, whole)
+                                           reload_partials, start_block, whole)
 
 
 def _sizes(L, g):
@@ -55,6 +55,7 @@ def _os(L, g) -> None:
         a_rows, a_origin = None, 0
         for br0, br1 in folds(m, rows_blk):
             oslot = out_block(L, br1 - br0, nt)
+            started = start_block(L, g, oslot, Region(br0, br1, c0, c1))
             brow = bias_row(L, g, oslot, Region(br0, br1, c0, c1))
             done.ready()        # the previous block's store queues behind this bias row
             for r0, r1 in ((r, min(r + R, br1)) for r in range(br0, br1, R)):
@@ -76,7 +77,8 @@ def _os(L, g) -> None:
                     else:
                         b = whole(L.load("filter", L.half("filter"), g.b, Region(k0, k1, c0, c1)))
                     dst = Operand(oslot, Region(r0 - br0, r1 - br0, 0, nt))
-                    emit_pass(L, dst, a, b, r1 - r0, k1 - k0, nt, k0 > 0, k1 == k, brow if k0 == 0 else None)
+                    emit_pass(L, dst, a, b, r1 - r0, k1 - k0, nt, k0 > 0 or started, k1 == k,
+                              brow if k0 == 0 else None)
             done.finish(oslot, Region(br0, br1, c0, c1), g.epilogue, False)
     done.flush()
 
@@ -114,10 +116,20 @@ def _a_source(L, g):
 
 def _partials(g, ri: int, n_row_folds: int):
     """(reload partial sums first, apply the epilogue, store accumulating) for row fold
-    ri of a ws/is product."""
+    ri of a ws/is product. (The first row fold starts from g.start where there is one:
+    _start.)"""
     last = ri == n_row_folds - 1
     reload = last and g.epilogue and n_row_folds > 1
     return reload, last and g.epilogue, ri > 0 and not reload
+
+
+def _start(L, g, oslot, region, ri: int, reload: bool) -> bool:
+    """Load what the block's passes in row fold ri accumulate onto (the partial sums when
+    reloading, g.start in the first row fold); whether they accumulate."""
+    if reload:
+        reload_partials(L, g, oslot, region)
+        return True
+    return ri == 0 and start_block(L, g, oslot, region)
 
 
 def _region(spatial_rows: bool, s0, s1, t0, t1) -> Region:
@@ -130,8 +142,9 @@ def _grouped_folds(L, g, k_folds, s_folds, per_block, t_size, spatial_rows, load
     """Each fold streams the whole streamed dimension (t_size): row folds outer, and the
     spatial folds of one row fold grouped `per_block` to an output block. load_fold(k0, k1)
     loads what the row fold's passes share; preload(s0, s1, k0, k1) holds a stationary
-    tile; fold_pass(dst, shared, s0, s1, k0, k1, reload, bias) emits its pass (bias: the
-    block's bias row in the first row fold, which starts the sums)."""
+    tile; fold_pass(dst, shared, s0, s1, k0, k1, onto, bias) emits its pass (onto: it
+    accumulates onto what _start loaded; bias: the block's bias row in the first row
+    fold, which starts the sums)."""
     for ri, (k0, k1) in enumerate(k_folds):
         reload, epi, accumulate = _partials(g, ri, len(k_folds))
         shared = load_fold(k0, k1)
@@ -141,14 +154,13 @@ def _grouped_folds(L, g, k_folds, s_folds, per_block, t_size, spatial_rows, load
             g0 = grp[0][0]
             region = _region(spatial_rows, g0, grp[-1][1], 0, t_size)
             oslot = out_block(L, region.rows, region.cols)
-            if reload:
-                reload_partials(L, g, oslot, region)
+            onto = _start(L, g, oslot, region, ri, reload)
             brow = bias_row(L, g, oslot, region) if ri == 0 else None
             done.ready()
             for s0, s1 in grp:
                 preload(s0, s1, k0, k1)
                 dst = Operand(oslot, _region(spatial_rows, s0 - g0, s1 - g0, 0, t_size))
-                fold_pass(dst, shared, s0, s1, k0, k1, reload, brow)
+                fold_pass(dst, shared, s0, s1, k0, k1, onto, brow)
             done.finish(oslot, region, epi, accumulate)
         done.flush()
 
@@ -157,7 +169,7 @@ def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chun
     """The streamed dimension in chunks that fit the scratchpads: per spatial fold and
     row fold the stationary tile is held once and the chunks pass one after the other
     (only the first pays the fill), each into its own output block. chunk_pass(oslot, s0,
-    s1, k0, k1, t0, t1, reload, bias) emits a chunk's pass (bias as in _grouped_folds).
+    s1, k0, k1, t0, t1, onto, bias) emits a chunk's pass (onto, bias as in _grouped_folds).
     A fold whose blocks need the ofmap DMA or the vector unit besides their store (a
     partial-sum reload, a bias row, an epilogue) takes `pipelined_chunks` (chunks that
     fit a quarter of the ofmap, when given): with two halves a block's pass would wait for
@@ -169,17 +181,17 @@ def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chun
             preload(s0, s1, k0, k1)
             # A block whose finish waits for the vector unit, or whose reload or bias row
             # the ofmap DMA must fetch, keeps the DMA two blocks ahead: quarter blocks.
-            pipelined = pipelined_chunks is not None and (epi or reload or (ri == 0 and g.bias is not None))
+            loads = ri == 0 and (g.bias is not None or g.start is not None)
+            pipelined = pipelined_chunks is not None and (epi or reload or loads)
             slots = PIPELINED_SLOTS if pipelined else 2
             done = Deferred(L, g, slots // 2)
             for t0, t1 in (pipelined_chunks if pipelined else t_chunks):
                 region = _region(spatial_rows, s0, s1, t0, t1)
                 oslot = out_block(L, region.rows, region.cols, slots)
-                if reload:
-                    reload_partials(L, g, oslot, region)
+                onto = _start(L, g, oslot, region, ri, reload)
                 brow = bias_row(L, g, oslot, region) if ri == 0 else None
                 done.ready()
-                chunk_pass(oslot, s0, s1, k0, k1, t0, t1, reload, brow)
+                chunk_pass(oslot, s0, s1, k0, k1, t0, t1, onto, brow)
                 done.finish(oslot, region, epi, accumulate)
             done.flush()
 
@@ -212,10 +224,10 @@ def _ws(L, g) -> None:
         def a_fold(k0, k1):
             return L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, k0, k1)) if a_how == "fold" else None
 
-        def fold_pass(dst, held, c0, c1, k0, k1, reload, brow):
+        def fold_pass(dst, held, c0, c1, k0, k1, onto, brow):
             reg = Region(0, m, k0, k1)
             a = a_operand(g, held, reg, (0, k0)) if a_how == "fold" else a_operand(g, a_slot, reg)
-            emit_pass(L, dst, a, ARRAY, m, k1 - k0, c1 - c0, reload, True, brow)
+            emit_pass(L, dst, a, ARRAY, m, k1 - k0, c1 - c0, onto, True, brow)
 
         _grouped_folds(L, g, k_folds, n_folds, per_block, m, False, a_fold, weights, fold_pass)
         return
@@ -225,10 +237,10 @@ def _ws(L, g) -> None:
     if a_how == "fold":
         rows = min(rows, Ha // kr)
 
-    def chunk_pass(oslot, c0, c1, k0, k1, m0, m1, reload, brow):
+    def chunk_pass(oslot, c0, c1, k0, k1, m0, m1, onto, brow):
         reg = Region(m0, m1, k0, k1)
         a = whole(L.load("ifmap", L.half("ifmap"), g.a, reg)) if a_how == "fold" else a_operand(g, a_slot, reg)
-        emit_pass(L, whole(oslot), a, ARRAY, m1 - m0, k1 - k0, c1 - c0, reload, m0 == 0, brow)
+        emit_pass(L, whole(oslot), a, ARRAY, m1 - m0, k1 - k0, c1 - c0, onto, m0 == 0, brow)
 
     quarter = _slot_room(L, g, nc, False)
     if a_how == "fold":
@@ -265,9 +277,9 @@ def _is(L, g) -> None:
         def b_fold(k0, k1):
             return L.load("filter", L.half("filter"), g.b, Region(k0, k1, 0, n)) if b_how == "fold" else None
 
-        def fold_pass(dst, held, c0, c1, k0, k1, reload, brow):
+        def fold_pass(dst, held, c0, c1, k0, k1, onto, brow):
             b = Operand(b_slot, Region(k0, k1, 0, n)) if b_how == "all" else Operand(held, Region(0, k1 - k0, 0, n))
-            emit_pass(L, dst, ARRAY, b, c1 - c0, k1 - k0, n, reload, True, brow)
+            emit_pass(L, dst, ARRAY, b, c1 - c0, k1 - k0, n, onto, True, brow)
 
         _grouped_folds(L, g, k_folds, m_folds, per_block, n, True, b_fold, stationary, fold_pass)
         return
@@ -278,10 +290,10 @@ def _is(L, g) -> None:
         refuse(L, f"half of the ofmap scratchpad ({Ho} words) cannot hold a {mc}x1 output tile")
     cols = room if b_how == "all" else min(room, Hb // kr)
 
-    def chunk_pass(oslot, c0, c1, k0, k1, n0, n1, reload, brow):
+    def chunk_pass(oslot, c0, c1, k0, k1, n0, n1, onto, brow):
         reg = Region(k0, k1, n0, n1)
         b = Operand(b_slot, reg) if b_how == "all" else whole(L.load("filter", L.half("filter"), g.b, reg))
-        emit_pass(L, whole(oslot), ARRAY, b, c1 - c0, k1 - k0, n1 - n0, reload, n0 == 0, brow)
+        emit_pass(L, whole(oslot), ARRAY, b, c1 - c0, k1 - k0, n1 - n0, onto, n0 == 0, brow)
 
     quarter = _slot_room(L, g, mc, True)
     if b_how != "all":

@@ -64,7 +64,10 @@ def lower_fused(L, t, zip_with=None) -> None:
     """`fused-dot-bias(-act) [OP] a b bias`: a ((ia),(item)) . b ((ib),(item)) + bias.
     zip_with: (consumer term, other operand term, operator text, whether the other
     operand comes first) for an element-wise consumer fused into the epilogue (see
-    residual_fusions); the result then goes to the consumer's buffer under its tag."""
+    residual_fusions); the result then goes to the consumer's buffer under its tag. A
+    consumer that adds the other operand first, to a product without activation (a
+    residual add), does not zip: the product's accumulators start from that operand's
+    block (Gemm.start), and only the unary maps after the add run as the epilogue."""
     from apsat.backends.systolic.vector import op_text
 
     act = op_text(t.args[0]) if t.op == "fused-dot-bias-act" else None
@@ -81,10 +84,32 @@ def lower_fused(L, t, zip_with=None) -> None:
     if zip_with is not None:
         consumer, other, text, first = zip_with
         bo, so = L.need_chain(other, "the fused element-wise operand")
-        extra = {"res": L.matrix(bo, so, m, n), "res_op": text, "res_first": first}
+        view = L.matrix(bo, so, m, n)
+        rest = _after_add(text) if act is None else None
+        if rest is None:
+            extra = {"res": view, "res_op": text, "res_first": first}
+        else:
+            # (a . b + bias) + other, then unary maps: the accumulators start from the
+            # other operand's block (as from partial sums), the maps are the epilogue.
+            extra, act = {"start": view}, rest or None
         label += f" + {text}"
         t = consumer
     _lower(L, t, label, m, k, n, ba, sa, bview, L.matrix(bc, sc, 1, n), act, extra)
+
+
+def _after_add(text: str) -> str | None:
+    """For an element-wise operator that adds first (`elementwise-add`, or a chain of it
+    and unary maps): the text of what follows the add ("" for nothing); else None."""
+    from apsat.backends.systolic.vector import op_text, operator_term
+    from apsat.egraph.ops import chain_parts
+
+    first, *rest = (op_text(p) for p in chain_parts(operator_term(text)))
+    if first != "elementwise-add":
+        return None
+    chain = rest[0] if rest else ""
+    for part in rest[1:]:
+        chain = f"(chain {chain} {part})"
+    return chain
 
 
 def _lower(L, t, label, m, k, n, base_a, steps_a, bview, bias, act, extra=None) -> None:

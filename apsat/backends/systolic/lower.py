@@ -29,7 +29,10 @@ Three options change how much the stream follows the extractor's cost model:
       as the cost model prices it; True: where one operand is a fused-dot-bias(-act) that
       nothing else reads (a residual add after a convolution), the op joins the GEMM's
       epilogue (gemm.residual_fusions): the other operand's blocks are loaded beside the
-      output blocks and the product's result never goes to DRAM.
+      output blocks and the product's result never goes to DRAM. An add to a product
+      without activation is not zipped at all: the accumulators start from the other
+      operand's blocks (as Gemmini's D operand does), so only the maps after it (a relu)
+      are left for the vector unit.
 
 Anything a lowering cannot map (an operand that is not a view of one buffer, an item that
 does not fit a scratchpad half, a dot-product left off the array) becomes a HOST step that

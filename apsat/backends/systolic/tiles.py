@@ -19,8 +19,10 @@ class Gemm:
     view. Optional `bias` (a 1 x n view: the accumulators start from it, see bias_row)
     and activation `act` (operator text); optional `res`, an m x n view zipped onto the
     result by operator `res_op` (the result its first operand unless `res_first`): an
-    element-wise consumer, such as a residual add, fused into the epilogue. `blocks`: A
-    is block-diagonal with that many blocks (batched depthwise filters, grouped.py)."""
+    element-wise consumer, such as a residual add, fused into the epilogue; or `start`,
+    an m x n view the accumulators start from (a residual added before any activation:
+    c = start + bias + a . b, see start_block). `blocks`: A is block-diagonal with that
+    many blocks (batched depthwise filters, grouped.py)."""
 
     m: int
     k: int
@@ -39,6 +41,7 @@ class Gemm:
     res: str | None = None
     res_op: str | None = None
     res_first: bool = False
+    start: str | None = None
     blocks: int = 1
 
     def c_region(self, region: Region) -> tuple[tuple[int, int], Region]:
@@ -168,6 +171,16 @@ class Deferred:
         """The next block's reload and bias row are issued: release what it need not
         wait for (all but the last depth - 1 held finishes)."""
         self.flush(self.depth - 1)
+
+
+def start_block(L, g, oslot: Slot, region: Region) -> bool:
+    """Load `region` of the values the accumulators start from (g.start) into the block,
+    before its first passes, which then accumulate onto them; False (nothing loaded)
+    without g.start."""
+    if g.start is None:
+        return False
+    L.load("ofmap", oslot.offset, g.start, region)
+    return True
 
 
 def reload_partials(L, g, oslot: Slot, region: Region) -> None:
