@@ -32,7 +32,8 @@ what pipeline fills and folds narrower than the array allow even with all DMA, v
 and host work hidden; host MACs count as not on the array), host MACs (dot-products no
 rule maps to the array, e.g. grouped convolutions, run on the host at one MAC a cycle),
 "layer" (_layer_best: the utilisation apsat's GEMMs would reach each in its best
-dataflow with nothing else taking time, the most per-layer dataflow choice can give),
+dataflow with nothing else taking time, the most per-layer dataflow choice can give;
+n/a with grouped convolutions),
 the DRAM floor (dram_floor: words any program must move, its weights read once) and
 "max x", baseline / floor: the most any program could cut the baseline's traffic.
 
@@ -85,15 +86,19 @@ def _program(model, array: str, plan, cache: Path, key: str, dataflow: str | Non
 BACKENDS = {"cost-model": {}, "gather+fold+zips": {"im2col": "gather", "fold_copies": True, "fuse_zips": True}}
 
 
-def _layer_best(rep: dict, acc) -> float:
+def _layer_best(rep: dict, acc) -> float | None:
     """The utilisation of the stream's GEMMs (main section) if each ran in its best
     dataflow with unlimited bandwidth and nothing else took time: their MACs over
     rows * cols * the sum of each product's fewest compute cycles (gemm_cost). What
     choosing the dataflow per layer can reach at most, SCALE-Sim's model being the
-    array's; only a different folding of the products themselves goes beyond it."""
+    array's; only a different folding of the products themselves goes beyond it. None
+    for a stream with grouped or depthwise products (their groups are not one GEMM)."""
     from apsat.targets.systolic import gemm_cost
 
-    gemms = [g for g in rep["groups"] if g["section"] == "main" and g["kind"] == "gemm"]
+    main = [g for g in rep["groups"] if g["section"] == "main"]
+    if any(g["kind"] == "grouped" for g in main):
+        return None
+    gemms = [g for g in main if g["kind"] == "gemm"]
     best = sum(min(gemm_cost(acc, g["m"], g["k"], g["n"], df).compute_cycles for df in DATAFLOWS)
                for g in gemms)
     return sum(g["macs"] for g in gemms) / (acc.rows * acc.cols * best) if best else 0.0
@@ -179,12 +184,16 @@ HEADER = (f"{'backend':16s} {'model':12s} {'array':8s} | {'baseline df':>3s} {'c
           f"| {'DRAM floor':>13s} {'max x':>6s}")
 
 
+def _percent(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
 def _line(r: dict) -> str:
     b, a = r["baseline"], r["apsat"]
     return (f"{r['backend']:16s} {r['model']:12s} {r['array']:8s} | {b['dataflow']:>11s} {b['cycles']:12,d} {b['utilization']:6.1%} "
             f"{b['dram']:13,d} | {a['dataflow']:>8s} {a['cycles']:12,d} {a['utilization']:6.1%} {a['dram']:13,d} "
             f"| {b['cycles'] / a['cycles']:6.2f} {b['dram'] / a['dram']:6.2f} "
-            f"| {a['fixed']:12,d} {b['cycles'] / a['fixed']:6.2f} | {a['ceiling']:7.1%} {a['layer_best']:6.1%} {a['host_macs']:11,d} "
+            f"| {a['fixed']:12,d} {b['cycles'] / a['fixed']:6.2f} | {a['ceiling']:7.1%} {_percent(a['layer_best']):>6s} {a['host_macs']:11,d} "
             f"| {r['dram_floor']:13,d} {b['dram'] / r['dram_floor']:6.2f}")
 
 

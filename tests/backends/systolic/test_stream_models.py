@@ -150,6 +150,9 @@ def test_resnet50_first_bottleneck_block(df, opts):
     assert rep["macs"] > 0 and rep["host_steps"] == []
     labels = [g["label"] for g in rep["groups"] if g["section"] == "main"]
     assert any(label.endswith("+ (chain elementwise-add relu)") for label in labels) == bool(opts)
+    # the residual add starts the last convolution's accumulators: the vector unit is
+    # left the ReLU, no zip (without fuse_zips the Sum is a zip pass of its own)
+    assert any(isinstance(i, sab.Vec) and i.mode == "zip" for i in stream.main) == (not opts)
     if df == "flex":
         assert {g["dataflow"] for g in rep["groups"] if g["kind"] == "gemm"} <= {"os", "ws", "is"}
 
