@@ -65,6 +65,12 @@ FLEX = "flex"          # the array is configured per product: each GEMM takes it
 # partial sums then dominated the traffic.
 FLEX_CYCLE_SLACK = 0.10
 WORDS_PER_KB = 1024
+# A flexible array has one more loop order, which SCALE-Sim's os mapping lacks: "osk",
+# output stationary with B's k-chunks reused across an ofmap block of row folds
+# (os_blocking). Only where B's column block does not fit a filter half, so that os
+# re-reads B for every row fold; elsewhere osk would be os and is not offered.
+OS_BLOCKED = "osk"
+FLEX_DATAFLOWS = DATAFLOWS + (OS_BLOCKED,)
 
 
 @dataclass(frozen=True)
@@ -146,17 +152,18 @@ class Accelerator:
 
     @property
     def dataflows(self) -> tuple[str, ...]:
-        """The dataflows a product may take: all three for "flex", else the one."""
-        return DATAFLOWS if self.dataflow == FLEX else (self.dataflow,)
+        """The dataflows a product may take: os, ws, is and the osk loop order for
+        "flex", else the one."""
+        return FLEX_DATAFLOWS if self.dataflow == FLEX else (self.dataflow,)
 
     def fill_cycles(self, dataflow: str | None = None) -> int:
         """Cycles one fold adds to its T streaming cycles (pipeline fill and drain) under
         `dataflow` (default: the accelerator's; a flexible array needs one named)."""
         df = dataflow or self.dataflow
-        if df not in DATAFLOWS:
+        if df not in FLEX_DATAFLOWS:
             raise ApsatError(f"accelerator {self.name!r}: fill cycles need a dataflow "
-                             f"(os, ws or is), got {df!r}")
-        if df == "os":
+                             f"(os, ws, is or osk), got {df!r}")
+        if df in ("os", OS_BLOCKED):
             return self.rows + self.cols - 2
         return 2 * self.rows + self.cols - 2
 
@@ -265,7 +272,7 @@ class GemmCost:
 
 
 def _mapping(dataflow: str, m: int, k: int, n: int) -> tuple[int, int, int]:
-    if dataflow == "os":
+    if dataflow in ("os", OS_BLOCKED):
         return m, n, k
     if dataflow == "ws":
         return k, n, m
@@ -305,9 +312,42 @@ def gemm_cost(acc: Accelerator, m: int, k: int, n: int, dataflow: str | None = N
     if dataflow is None and acc.dataflow == FLEX:
         return fused_gemm_cost(acc, m, k, n, 0)[0]
     df = dataflow or acc.dataflow
-    if df not in DATAFLOWS:
-        raise ApsatError(f"gemm_cost: unknown dataflow {df!r} (use os, ws or is)")
+    if df not in FLEX_DATAFLOWS:
+        raise ApsatError(f"gemm_cost: unknown dataflow {df!r} (use os, ws, is or osk)")
+    if df == OS_BLOCKED and os_blocking(acc, m, k, n) is None:
+        raise ApsatError(f"gemm_cost: osk needs B's column block ({k} x {min(acc.cols, n)}) "
+                         f"to exceed a filter half; it is os here")
     return _gemm_cost(acc, m, k, n, df)
+
+
+def os_blocking(acc: Accelerator, m: int, k: int, n: int) -> int | None:
+    """The largest k-chunk of the osk loop order for an (m x k) . (k x n) product (the
+    backend cuts k into as few near-equal chunks of at most this), or None where
+    B's column block (k x cols) fits a filter half (os reads B once there). osk is os
+    with the loops turned so that B is not re-read per row fold: per column fold, when
+    the column block fits the whole filter scratchpad it is loaded there once (k: one
+    chunk, no prefetch of the next), and the passes are os's; else per output block (the
+    row folds whose outputs fill an ofmap half) each chunk of B that fits a filter half
+    (and, unless all of A fits an ifmap half, whose A slice of `rows` rows fits an
+    ifmap half) is loaded once and passes through all the block's row folds, which
+    accumulate in the ofmap: every chunk's pass pays the fill."""
+    nc = min(acc.cols, n)
+    half_f = acc.filter_words // 2
+    if k * nc <= half_f:
+        return None
+    if k * nc <= acc.filter_words:
+        return k
+    chunk = half_f // nc
+    if m * k > acc.ifmap_words // 2:
+        chunk = min(chunk, (acc.ifmap_words // 2) // min(acc.rows, m))
+    return max(1, chunk)
+
+
+def _osk_rows(acc: Accelerator, m: int, n: int) -> int:
+    """Rows of an osk output block: the row folds whose outputs fill an ofmap half."""
+    nc = min(acc.cols, n)
+    rows = (acc.ofmap_words // 2) // nc
+    return max(min(acc.rows, m), rows - rows % acc.rows)
 
 
 def _gemm_cost(acc: Accelerator, m: int, k: int, n: int, df: str) -> GemmCost:
@@ -318,7 +358,20 @@ def _gemm_cost(acc: Accelerator, m: int, k: int, n: int, df: str) -> GemmCost:
 
     a_act, b_act = acc.ifmap_words // 2, acc.filter_words // 2
     a_words, b_words = m * k, k * n
-    if df == "os":
+    stall = 0
+    if df == OS_BLOCKED:
+        # As os, but B is read once per column fold (resident) or once per output block.
+        chunk = os_blocking(acc, m, k, n)
+        a_reads = a_words if a_words <= a_act else a_words * fc
+        c_writes = m * n
+        if chunk >= k:
+            b_reads = b_words
+            stall = (fc - 1) * dram_cycles(acc, k * min(cols, n))   # no prefetch of the next
+        else:
+            chunks = -(-k // chunk)
+            compute = fr * fc * (k + chunks * acc.fill_cycles(df)) - 1
+            b_reads = b_words * -(-m // _osk_rows(acc, m, n))
+    elif df == "os":
         # A (m x k) streams along the rows, re-read per column fold unless it all fits;
         # one column fold of B (k x cols) is reused across the row folds if it fits.
         a_reads = a_words if a_words <= a_act else a_words * fc
@@ -340,7 +393,7 @@ def _gemm_cost(acc: Accelerator, m: int, k: int, n: int, df: str) -> GemmCost:
               _read_end(a_reads, a_act, bw, compute),
               _read_end(b_reads, b_act, bw, compute),
               _write_end(c_writes, acc.ofmap_words, bw, compute))
-    total = max(compute, math.ceil(end))
+    total = max(compute, math.ceil(end)) + stall
     return GemmCost(m, k, n, df, sr, sc, t, fr, fc, compute, a_reads, b_reads, c_writes,
                     total - compute, total, m * k * n / (rows * cols * max(total, 1)))
 
@@ -378,9 +431,12 @@ def fused_gemm_cost(acc: Accelerator, m: int, k: int, n: int, epilogue_ops: floa
     cycles, then os, ws, is); the cost model and the lowering both call this."""
     options = []
     for df in acc.dataflows:
+        if df == OS_BLOCKED and os_blocking(acc, m, k, n) is None:
+            continue
         c = gemm_cost(acc, m, k, n, df)
         vec = vector_cycles(acc, m * n, epilogue_ops) if epilogue_ops > 0 else 0
-        window = c.compute_cycles if df == "os" else c.compute_cycles // c.row_folds
+        # os and osk finish output blocks all along; ws and is only in the last row fold
+        window = c.compute_cycles if df in ("os", OS_BLOCKED) else c.compute_cycles // c.row_folds
         options.append((c, c.total_cycles + max(0, vec - window)))
     fastest = min(total for _, total in options)
     near = [o for o in options if o[1] <= fastest * (1 + FLEX_CYCLE_SLACK)]

@@ -1,9 +1,12 @@
 """The three dataflows' tilings of a GEMM (gemm.py describes the scheme): output stationary
-(`os`), weight stationary (`ws`) and input stationary (`is`). Each emits the instructions of
-one product whose a_mode is set; `TILINGS` maps a dataflow to its function."""
+(`os`), weight stationary (`ws`) and input stationary (`is`), and a flexible array's
+fourth loop order, `osk` (os reading B once per output block). Each emits the
+instructions of one product whose a_mode is set; `TILINGS` maps a dataflow to its
+function."""
 from __future__ import annotations
 
 from apsat.backends.systolic.isa import ARRAY, Operand, Preload, Region
+from apsat.targets.systolic import os_blocking
 from apsat.backends.systolic.tiles import (Deferred, a_operand, bias_row, emit_pass, even_chunks, folds, load_a_resident, out_block, out_rows, refuse,
                                            reload_partials, start_block, whole)
 
@@ -17,7 +20,9 @@ def _sizes(L, g):
 
 # ---- output stationary ----------------------------------------------------------------------
 
-def _os(L, g) -> None:
+def _os(L, g, b_whole: bool = False) -> None:
+    """os; with `b_whole`, a column block of B that does not fit a filter half is loaded
+    into the whole filter scratchpad, once per column fold (osk's first case)."""
     R, C, Ha, Hb, _, m, k, n = _sizes(L, g)
     mr, nc = min(R, m), min(C, n)
     if g.a_mode == "resident":
@@ -28,7 +33,7 @@ def _os(L, g) -> None:
         a_mode = "rows"
     else:
         a_mode = "chunk"
-    b_mode = "all" if k * n <= Hb else ("col" if k * nc <= Hb else "chunk")
+    b_mode = "all" if k * n <= Hb else ("col" if k * nc <= Hb or b_whole else "chunk")
     kc = k
     if a_mode == "chunk":
         kc = min(kc, Ha // mr)
@@ -51,7 +56,8 @@ def _os(L, g) -> None:
     done = Deferred(L, g)       # across column folds too: the next block's bias row goes first
     for c0, c1 in folds(n, C):
         nt = c1 - c0
-        bcol = L.load("filter", L.half("filter"), g.b, Region(0, k, c0, c1)) if b_mode == "col" else None
+        bcol = (L.load("filter", 0 if b_whole else L.half("filter"), g.b, Region(0, k, c0, c1))
+                if b_mode == "col" else None)
         a_rows, a_origin = None, 0
         for br0, br1 in folds(m, rows_blk):
             oslot = out_block(L, br1 - br0, nt)
@@ -80,6 +86,45 @@ def _os(L, g) -> None:
                     emit_pass(L, dst, a, b, r1 - r0, k1 - k0, nt, k0 > 0 or started, k1 == k,
                               brow if k0 == 0 else None)
             done.finish(oslot, Region(br0, br1, c0, c1), g.epilogue, False)
+    done.flush()
+
+
+def _osk(L, g) -> None:
+    """osk (targets.systolic.os_blocking): per column fold and output block, each chunk of
+    B is loaded once and passes through all the block's row folds, which accumulate in
+    the block (each chunk's pass pays the fill); B's column block in the whole filter
+    scratchpad when it fits there (os's passes, B read once per column fold)."""
+    R, C, Ha, _, _, m, k, n = _sizes(L, g)
+    chunk = os_blocking(L.acc, m, k, n)
+    if chunk is None or chunk >= k:
+        _os(L, g, b_whole=chunk is not None)
+        return
+    nc = min(C, n)
+    if g.a_mode == "resident":
+        a_slot = load_a_resident(L, g)
+    elif m * k <= Ha:
+        a_slot = L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, 0, k))
+    else:
+        a_slot = None
+    chunks = even_chunks(k, chunk)
+    done = Deferred(L, g)
+    for c0, c1 in folds(n, C):
+        nt = c1 - c0
+        for br0, br1 in folds(m, out_rows(L, g, nc, R)):
+            region = Region(br0, br1, c0, c1)
+            oslot = out_block(L, br1 - br0, nt)
+            started = start_block(L, g, oslot, region)
+            brow = bias_row(L, g, oslot, region)
+            done.ready()
+            for ci, (k0, k1) in enumerate(chunks):
+                b = whole(L.load("filter", L.half("filter"), g.b, Region(k0, k1, c0, c1)))
+                for r0, r1 in folds(br1 - br0, R):
+                    reg = Region(br0 + r0, br0 + r1, k0, k1)
+                    a = (a_operand(g, a_slot, reg) if a_slot is not None
+                         else whole(L.load("ifmap", L.half("ifmap"), g.a, reg)))
+                    emit_pass(L, Operand(oslot, Region(r0, r1, 0, nt)), a, b, r1 - r0, k1 - k0, nt,
+                              ci > 0 or started, True, brow if ci == 0 else None)
+            done.finish(oslot, region, g.epilogue, False)
     done.flush()
 
 
@@ -174,17 +219,19 @@ def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chun
     partial-sum reload, a bias row, an epilogue) takes `pipelined_chunks` (chunks that
     fit a quarter of the ofmap, when given): with two halves a block's pass would wait for
     the block before last to finish its epilogue and store, and for the reload or bias
-    row queued behind that store, on every chunk."""
-    for s0, s1 in s_folds:
+    row queued behind that store, on every chunk. Such a fold that ends a spatial fold
+    hands its held stores on to the next spatial fold when that one is pipelined too
+    (their output regions are disjoint): else the next fold's first bias row or start
+    would queue behind the last epilogue's store, and the array wait for both."""
+    last = len(k_folds) - 1
+    done = None
+    for si, (s0, s1) in enumerate(s_folds):
         for ri, (k0, k1) in enumerate(k_folds):
             reload, epi, accumulate = _partials(g, ri, len(k_folds))
             preload(s0, s1, k0, k1)
-            # A block whose finish waits for the vector unit, or whose reload or bias row
-            # the ofmap DMA must fetch, keeps the DMA two blocks ahead: quarter blocks.
-            loads = ri == 0 and (g.bias is not None or g.start is not None)
-            pipelined = pipelined_chunks is not None and (epi or reload or loads)
+            pipelined = _pipelined(g, ri, last, epi, reload, pipelined_chunks)
             slots = PIPELINED_SLOTS if pipelined else 2
-            done = Deferred(L, g, slots // 2)
+            done = done or Deferred(L, g, slots // 2)
             for t0, t1 in (pipelined_chunks if pipelined else t_chunks):
                 region = _region(spatial_rows, s0, s1, t0, t1)
                 oslot = out_block(L, region.rows, region.cols, slots)
@@ -193,7 +240,19 @@ def _chunked_folds(L, g, s_folds, k_folds, t_chunks, spatial_rows, preload, chun
                 done.ready()
                 chunk_pass(oslot, s0, s1, k0, k1, t0, t1, onto, brow)
                 done.finish(oslot, region, epi, accumulate)
-            done.flush()
+            carry = (ri == last and si + 1 < len(s_folds) and pipelined
+                     and _pipelined(g, 0, last, epi and last == 0, False, pipelined_chunks))
+            if not carry:
+                done.flush()
+                done = None
+
+
+def _pipelined(g, ri: int, last: int, epi: bool, reload: bool, pipelined_chunks) -> bool:
+    """Whether row fold ri takes the quarter blocks (_chunked_folds): its blocks need
+    the vector unit (an epilogue) or the ofmap DMA (a reload, a bias row, a start)
+    besides their store, and quarter chunks were given."""
+    loads = ri == 0 and (g.bias is not None or g.start is not None)
+    return pipelined_chunks is not None and (epi or reload or loads)
 
 
 def _ws(L, g) -> None:
@@ -302,4 +361,4 @@ def _is(L, g) -> None:
                    even_chunks(n, quarter) if quarter >= 1 else None)
 
 
-TILINGS = {"os": _os, "ws": _ws, "is": _is}
+TILINGS = {"os": _os, "ws": _ws, "is": _is, "osk": _osk}

@@ -36,7 +36,7 @@ from apsat.backends.systolic.isa import ARRAY, Copy, Host, Load, Matmul, Preload
 from apsat.backends.systolic.vector import operator_term
 from apsat.extract.cost_systolic import HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE
 from apsat.extract.workload import operator_flops
-from apsat.targets.systolic import VECTOR_OPS_PER_MAC, dram_cycles, gemm_cost, vector_cycles
+from apsat.targets.systolic import OS_BLOCKED, VECTOR_OPS_PER_MAC, dram_cycles, gemm_cost, vector_cycles
 
 UNITS = ("dma.ifmap", "dma.filter", "dma.ofmap", "array", "vector", "host")
 _KEEP = 64          # events kept per resource (older ones are long finished)
@@ -46,6 +46,8 @@ def pass_cycles(acc, ins: Matmul) -> int:
     """Cycles the array spends on one MATMUL pass in its dataflow (see the module
     docstring)."""
     df = ins.dataflow or acc.dataflow
+    if df == OS_BLOCKED:        # osk's passes are os passes; only their order differs
+        df = "os"
     c = gemm_cost(acc, ins.m, ins.k, ins.n, df).compute_cycles + 1
     return c if ins.fill else c - acc.fill_cycles(df)
 
