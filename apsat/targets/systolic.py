@@ -37,9 +37,11 @@ The model follows SCALE-Sim 3.0 (`scalesim` on PyPI), which it is calibrated aga
   over-fetches and counts each read stall twice (see benchmarks/calibrate_systolic.py),
   so read stalls follow the streaming model above rather than SCALE-Sim.
 
-A flexible array (dataflow "flex") runs each product in one of the three dataflows
+A flexible array (dataflow "flex") runs each product in one of the three dataflows or,
+where os would re-read B per row fold, in osk, os with its loops turned (os_blocking)
 (fused_gemm_cost chooses: the fewest DRAM words within FLEX_CYCLE_SLACK of the fewest
-cycles); every figure above is then that dataflow's.
+cycles); every figure above is then that dataflow's. osk is not SCALE-Sim's: its passes
+are os passes, its traffic and extra fills are counted as os_blocking describes.
 
 Units: one word is one tensor element. Scratchpad sizes are given in kB of SCALE-Sim's
 one-byte words, so 1 kB holds 1024 words (elements).
@@ -84,7 +86,7 @@ class Accelerator:
         its fewest total cycles under this model, the one of fewest DRAM words (ties:
         fewer cycles, then os, ws, is). A flexible array's per-product figures are each
         one of the three fixed dataflows', so the SCALE-Sim calibration carries over
-        product by product.
+        product by product, or osk's (os passes in another order, os_blocking).
     ifmap_kb, filter_kb, ofmap_kb: scratchpad sizes in kB, 1 kB = 1024 words (elements);
         each is double buffered (half feeds the array, half fills from DRAM).
     dram_bandwidth: words per cycle on each scratchpad's DRAM interface (the three

@@ -12,6 +12,10 @@ stream moves the words that model counts and runs the folds it counts:
   ws  (k, n, m): weight tiles stationary (PRELOAD), A streams through, each row fold's
       partial sums drain to DRAM (STORE accumulate, as SCALE-Sim counts them).
   is  (k, m, n): input tiles stationary, B streams, partial sums as ws.
+  osk (a flexible array only, where os would re-read B per row fold): os passes with
+      B's column block in the whole filter scratchpad, or per output block each k-chunk
+      of B loaded once and passed through the block's row folds, which accumulate in
+      the ofmap (targets.systolic.os_blocking).
 
 Outputs collect in an ofmap half: consecutive folds fill one block, which is stored when
 full, so DRAM writes start once a half is full and the array fills the other half
