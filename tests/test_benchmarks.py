@@ -27,8 +27,14 @@ def test_systolic_benchmark_on_squeezenet(tmp_path, capsys):
         assert base["dataflow"] in bench.DATAFLOWS and mine["dataflow"] in bench.DATAFLOWS + (bench.FLEX,)
         assert mine["cycles"] < base["cycles"] and mine["dram"] < base["dram"]
         assert mine["cycles"] <= mine["fixed"] and 0 < mine["utilization"] <= mine["ceiling"] <= 1
+        # the bounds: no stream beats its GEMMs' per-layer best, nor moves less than the floor
+        assert mine["utilization"] <= mine["layer_best"] <= 1 and r["dram_floor"] < mine["dram"]
+        # the flexible array's rule trades at most FLEX_CYCLE_SLACK of cycles for words
+        rule = mine["by_rule"]
+        assert rule["dram"] <= mine["dram"] and rule["cycles"] <= mine["cycles"] * 1.1
     summary = bench.summary(rows)
-    assert len(summary) == len(bench.BACKENDS) and all("fewer cycles" in line for line in summary)
+    assert len(summary) == 2 * len(bench.BACKENDS) and all("fewer cycles" in line for line in summary)
+    assert [line.startswith("  the same") for line in summary] == [False, True] * len(bench.BACKENDS)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["squeezenet-apsat-32x32-flex.txt",
                                                           "squeezenet-baseline-32x32.txt"]
     assert "squeezenet" in capsys.readouterr().out
