@@ -39,8 +39,8 @@ The model follows SCALE-Sim 3.0 (`scalesim` on PyPI), which it is calibrated aga
 
 A flexible array (dataflow "flex") runs each product in one of the three dataflows or,
 where os would re-read B per row fold, in osk, os with its loops turned (os_blocking)
-(fused_gemm_cost chooses: the fewest DRAM words within FLEX_CYCLE_SLACK of the fewest
-cycles); every figure above is then that dataflow's. osk is not SCALE-Sim's: its passes
+(fused_gemm_cost chooses: the fewest DRAM words within the accelerator's flex_slack,
+by default FLEX_CYCLE_SLACK, of the fewest cycles); every figure above is then that dataflow's. osk is not SCALE-Sim's: its passes
 are os passes, its traffic and extra fills are counted as os_blocking describes.
 
 Units: one word is one tensor element. Scratchpad sizes are given in kB of SCALE-Sim's
@@ -82,7 +82,7 @@ class Accelerator:
     rows, cols: the PE array (rows x cols multiply-accumulate units).
     dataflow: "os" (output stationary), "ws" (weight stationary), "is" (input
         stationary, SCALE-Sim's third dataflow), or "flex": the array is reconfigured
-        per product, each GEMM taking, among the dataflows within FLEX_CYCLE_SLACK of
+        per product, each GEMM taking, among the dataflows within `flex_slack` of
         its fewest total cycles under this model, the one of fewest DRAM words (ties:
         fewer cycles, then os, ws, is). A flexible array's per-product figures are each
         one of the three fixed dataflows', so the SCALE-Sim calibration carries over
@@ -93,6 +93,8 @@ class Accelerator:
         interfaces run in parallel); math.inf means unlimited (SCALE-Sim's CALC mode).
     vector_lanes: elements per cycle of the vector unit (activations, element-wise ops).
     name: a label for reports.
+    flex_slack: for "flex", the fraction of a product's fewest cycles it may give up for
+        fewer DRAM words (default FLEX_CYCLE_SLACK; 0: cycles alone), between 0 and 1.
 
     Construction validates every field and raises ApsatError with a one-line message.
     """
@@ -106,6 +108,7 @@ class Accelerator:
     dram_bandwidth: float = 64.0
     vector_lanes: int = 32
     name: str = "systolic"
+    flex_slack: float = FLEX_CYCLE_SLACK
 
     def __post_init__(self):
         who = f"accelerator {self.name!r}"
@@ -120,6 +123,10 @@ class Accelerator:
             raise ApsatError(f"{who}: dram_bandwidth must be a positive number of words "
                              f"per cycle, got {bw!r}")
         object.__setattr__(self, "dram_bandwidth", float(bw))
+        slack = self.flex_slack
+        if isinstance(slack, bool) or not isinstance(slack, (int, float)) or not 0 <= slack <= 1:
+            raise ApsatError(f"{who}: flex_slack must be a number from 0 to 1, got {slack!r}")
+        object.__setattr__(self, "flex_slack", float(slack))
         if not isinstance(self.name, str) or not self.name:
             raise ApsatError(f"{who}: name must be a non-empty string")
         tile = self.rows * self.cols
@@ -428,7 +435,7 @@ def fused_gemm_cost(acc: Accelerator, m: int, k: int, n: int, epilogue_ops: floa
     fused element-wise operand). The epilogue runs block by block as outputs drain, so it
     overlaps the passes that produce final values (all of them under os; under ws and is
     only the last row fold's, the earlier ones drain partial sums) and adds what it
-    cannot hide. A flexible array takes, among the dataflows within FLEX_CYCLE_SLACK of
+    cannot hide. A flexible array takes, among the dataflows within acc.flex_slack of
     the fewest total cycles so counted, the one of fewest DRAM words (ties: fewer
     cycles, then os, ws, is); the cost model and the lowering both call this."""
     options = []
@@ -441,7 +448,7 @@ def fused_gemm_cost(acc: Accelerator, m: int, k: int, n: int, epilogue_ops: floa
         window = c.compute_cycles if df in ("os", OS_BLOCKED) else c.compute_cycles // c.row_folds
         options.append((c, c.total_cycles + max(0, vec - window)))
     fastest = min(total for _, total in options)
-    near = [o for o in options if o[1] <= fastest * (1 + FLEX_CYCLE_SLACK)]
+    near = [o for o in options if o[1] <= fastest * (1 + acc.flex_slack)]
     return min(near, key=lambda o: (o[0].dram_words, o[1]))
 
 

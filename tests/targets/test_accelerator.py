@@ -129,6 +129,8 @@ def test_bad_target_names(name, message):
     (dict(rows=33, cols=32, ifmap_kb=1, filter_kb=1, ofmap_kb=1), "cannot hold one 33x32 tile"),
     (dict(rows=4, cols=4, vector_lanes=0), "vector_lanes must be a positive integer"),
     (dict(rows=4, cols=4, dram_bandwidth=math.nan), "dram_bandwidth must be a positive number"),
+    (dict(rows=4, cols=4, flex_slack=-0.1), "flex_slack must be a number from 0 to 1"),
+    (dict(rows=4, cols=4, flex_slack="0.1"), "flex_slack must be a number from 0 to 1"),
 ])
 def test_accelerator_validation(kw, message):
     if message is None:

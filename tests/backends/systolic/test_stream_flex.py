@@ -70,7 +70,24 @@ def test_a_flexible_array_needs_a_dataflow_for_fill_cycles_and_names_unknown_one
 def test_flex_from_a_toml_file(tmp_path):
     p = tmp_path / "flexible.toml"
     p.write_text('rows = 16\ncols = 16\ndataflow = "flex"\n')
-    assert load_accelerator(p).dataflow == "flex"
+    assert load_accelerator(p).dataflow == "flex" and load_accelerator(p).flex_slack == FLEX_CYCLE_SLACK
+    p.write_text('rows = 16\ncols = 16\ndataflow = "flex"\nflex_slack = 0\n')
+    assert load_accelerator(p).flex_slack == 0
+
+
+def test_flex_slack_sets_what_a_product_gives_up_for_fewer_words():
+    # 3136 x 2304 x 256: os is the fastest; osk moves half the words for 5 % more cycles
+    # and ws as many as os for 0.3 % more: a 10 % slack takes osk, none takes os
+    fastest = dataclasses.replace(FLEX32, flex_slack=0)
+    assert gemm_cost(FLEX32, 3136, 2304, 256).dataflow == "osk"
+    assert gemm_cost(fastest, 3136, 2304, 256).dataflow == "os"
+    # the stream records the slack and reads it back; a stream written before the field
+    # existed reads as the default
+    prog = apsat.parse(TWO, shapes=TWO_SHAPES)
+    stream = sab.compile(prog, fastest)
+    text = sab.to_text(stream)
+    assert "flex_slack=0.0" in text and sab.parse(text).accel == fastest
+    assert sab.parse(text.replace(" flex_slack=0.0", "")).accel == FLEX32
 
 
 def test_each_product_runs_in_its_own_dataflow_and_matches_the_reference():
