@@ -38,10 +38,11 @@ The model follows SCALE-Sim 3.0 (`scalesim` on PyPI), which it is calibrated aga
   so read stalls follow the streaming model above rather than SCALE-Sim.
 
 A flexible array (dataflow "flex") runs each product in one of the three dataflows or,
-where os would re-read B per row fold, in osk, os with its loops turned (os_blocking)
-(fused_gemm_cost chooses: the fewest DRAM words within the accelerator's flex_slack,
-by default FLEX_CYCLE_SLACK, of the fewest cycles); every figure above is then that dataflow's. osk is not SCALE-Sim's: its passes
-are os passes, its traffic and extra fills are counted as os_blocking describes.
+where os would re-read B per row fold, in osk, os with its loops turned (os_blocking).
+fused_gemm_cost chooses: the fewest DRAM words within the accelerator's flex_slack (by
+default FLEX_CYCLE_SLACK) of the fewest cycles; every figure above is then that
+dataflow's. osk is not SCALE-Sim's: its passes are os passes, its traffic and extra
+fills are counted as os_blocking describes.
 
 Units: one word is one tensor element. Scratchpad sizes are given in kB of SCALE-Sim's
 one-byte words, so 1 kB holds 1024 words (elements).
@@ -236,7 +237,7 @@ class GemmCost:
     docstring for the model). Cycle counts are integers; `total_cycles` is the one number
     a cost model wants.
 
-    dataflow: the dataflow the product runs in (os, ws or is).
+    dataflow: the dataflow the product runs in (os, ws, is, or a flexible array's osk).
     sr, sc, t: the dataflow's mapping (spatial rows, spatial columns, temporal).
     row_folds, col_folds, folds: ceil(sr/rows), ceil(sc/cols), their product.
     compute_cycles: folds * (t + fill) - 1, the cycles with unlimited bandwidth.

@@ -6,9 +6,9 @@ function."""
 from __future__ import annotations
 
 from apsat.backends.systolic.isa import ARRAY, Operand, Preload, Region
-from apsat.targets.systolic import os_blocking
 from apsat.backends.systolic.tiles import (Deferred, a_operand, bias_row, emit_pass, even_chunks, folds, load_a_resident, out_block, out_rows, refuse,
                                            reload_partials, start_block, whole)
+from apsat.targets.systolic import os_blocking
 
 
 def _sizes(L, g):
