@@ -38,8 +38,8 @@ from apsat.extract.workload import (COPY_OPS, FLOPS_PER_OUTPUT, HOST_OPS,
                                     KERNEL_OPS, VIEW_OPS, compute_op, elements, flops, footprints,
                                     needs_shapes, traffic)
 from apsat.extract.pair_product import pair_product
-from apsat.targets.systolic import (PRESETS, Accelerator, dram_cycles, fused_gemm_cost, gemm_cost, pair_dot_cost,
-                                    vector_cycles)
+from apsat.targets.pair_dot import pair_dot_cost
+from apsat.targets.systolic import PRESETS, Accelerator, dram_cycles, fused_gemm_cost, gemm_cost, vector_cycles
 
 HOST_MACS_PER_CYCLE = 1.0       # a scalar host core, in accelerator cycles
 HOST_HANDOFF_CYCLES = 10_000.0  # synchronising with the host for one step

@@ -94,18 +94,13 @@ def _osk(L, g) -> None:
     B is loaded once and passes through all the block's row folds, which accumulate in
     the block (each chunk's pass pays the fill); B's column block in the whole filter
     scratchpad when it fits there (os's passes, B read once per column fold)."""
-    R, C, Ha, _, _, m, k, n = _sizes(L, g)
+    R, C, _, _, _, m, k, n = _sizes(L, g)
     chunk = os_blocking(L.acc, m, k, n)
     if chunk is None or chunk >= k:
         _os(L, g, b_whole=chunk is not None)
         return
     nc = min(C, n)
-    if g.a_mode == "resident":
-        a_slot = load_a_resident(L, g)
-    elif m * k <= Ha:
-        a_slot = L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, 0, k))
-    else:
-        a_slot = None
+    _, a_slot = _a_source(L, g)             # None: A's slices are loaded per pass
     chunks = even_chunks(k, chunk)
     done = Deferred(L, g)
     for c0, c1 in folds(n, C):

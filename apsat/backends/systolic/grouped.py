@@ -2,7 +2,7 @@
 
 The importer writes a grouped convolution as a dot-product over a pair of broadcasts
 (apsat/extract/pair_product.py reads it as `groups` independent (m x k) . (k x n)
-products). `targets.systolic.pair_dot_cost` decides where they run, the same call the
+products). `targets.pair_dot.pair_dot_cost` decides where they run, the same call the
 extractor's cost model makes:
 
   array   one GEMM per group (gemm.product), A the group's slice of the operand whose
@@ -33,7 +33,7 @@ from apsat.backends.systolic import gemm
 from apsat.backends.systolic.isa import Operand, Region, Slot, Store, Vec
 from apsat.backends.systolic.views import dims_after
 from apsat.extract.pair_product import PairProduct, pair_product
-from apsat.targets.systolic import pair_dot_cost
+from apsat.targets.pair_dot import pair_dot_cost
 
 
 def _before_broadcast(L, chain, n_iter: int, n_dims: int):

@@ -75,7 +75,7 @@ def test_depthwise_conv_batches_filters_on_the_array(df, groups):
 
 
 def test_the_backend_batches_where_pair_dot_cost_does():
-    from apsat.targets.systolic import pair_dot_cost
+    from apsat.targets.pair_dot import pair_dot_cost
 
     for df in DATAFLOWS:
         acc = small_acc(df)
