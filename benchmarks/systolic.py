@@ -36,8 +36,9 @@ what pipeline fills and folds narrower than the array allow even with all DMA, v
 and host work hidden; host MACs count as not on the array), host MACs (dot-products no
 rule maps to the array, e.g. grouped convolutions, run on the host at one MAC a cycle),
 "layer" (_layer_best: the utilisation apsat's GEMMs would reach each in its best
-dataflow with nothing else taking time, the most per-layer dataflow choice can give;
-n/a with grouped convolutions),
+dataflow, or on the flexible array split with the vector unit where that is faster,
+with nothing else taking time: the most per-layer mapping choice can give; n/a with
+grouped convolutions),
 the DRAM floor (dram_floor: words any program must move, its weights read once) and
 "max x", baseline / floor: the most any program could cut the baseline's traffic.
 
@@ -98,16 +99,24 @@ def _layer_best(rep: dict, acc) -> float | None:
     dataflow with unlimited bandwidth and nothing else took time: their MACs over
     rows * cols * the sum of each product's fewest compute cycles (gemm_cost). What
     choosing the dataflow per layer can reach at most, SCALE-Sim's model being the
-    array's; only a different folding of the products themselves goes beyond it. None
-    for a stream with grouped or depthwise products (their groups are not one GEMM)."""
+    array's; only a different folding of the products themselves goes beyond it. On a
+    flexible array a one-row product's split with the vector unit counts where it is
+    faster (targets.vector_share). None for a stream with grouped or depthwise products
+    (their groups are not one GEMM)."""
     from apsat.targets.systolic import gemm_cost
+    from apsat.targets.vector_share import vector_share
 
     main = [g for g in rep["groups"] if g["section"] == "main"]
     if any(g["kind"] == "grouped" for g in main):
         return None
     gemms = [g for g in main if g["kind"] == "gemm"]
-    best = sum(min(gemm_cost(acc, g["m"], g["k"], g["n"], df).compute_cycles for df in DATAFLOWS)
-               for g in gemms)
+
+    def fewest(m, k, n):
+        array = min(gemm_cost(acc, m, k, n, df).compute_cycles for df in DATAFLOWS)
+        share = vector_share(acc, m, k, n, 0)
+        return min(array, share.total_cycles) if share else array
+
+    best = sum(fewest(g["m"], g["k"], g["n"]) for g in gemms)
     return sum(g["macs"] for g in gemms) / (acc.rows * acc.cols * best) if best else 0.0
 
 

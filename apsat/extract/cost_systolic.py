@@ -39,7 +39,8 @@ from apsat.extract.workload import (COPY_OPS, FLOPS_PER_OUTPUT, HOST_OPS,
                                     needs_shapes, traffic)
 from apsat.extract.pair_product import pair_product
 from apsat.targets.pair_dot import pair_dot_cost
-from apsat.targets.systolic import PRESETS, Accelerator, dram_cycles, fused_gemm_cost, gemm_cost, vector_cycles
+from apsat.targets.systolic import PRESETS, Accelerator, dram_cycles, vector_cycles
+from apsat.targets.vector_share import product_cycles
 
 HOST_MACS_PER_CYCLE = 1.0       # a scalar host core, in accelerator cycles
 HOST_HANDOFF_CYCLES = 10_000.0  # synchronising with the host for one step
@@ -94,7 +95,7 @@ class SystolicCycles:
         left, right = expr_child_classes(graph, nid)
         (batch, (k,)), (_, (_, n)) = shapes[left], shapes[right]
         m = math.prod(batch)
-        return float(gemm_cost(self.accel, m, k, n).total_cycles) + self._im2col(m * k, fp.get(left, 0.0))
+        return float(product_cycles(self.accel, m, k, n, 0)) + self._im2col(m * k, fp.get(left, 0.0))
 
     def _im2col(self, matrix_words: float, input_words: float) -> float:
         """Extra cycles for a left operand of `matrix_words` elements that reads only
@@ -108,14 +109,15 @@ class SystolicCycles:
         """A fused dot-bias(-act) atom: the product on the array, its accumulators starting
         from the bias, and the activation on the vector unit as the results drain (no DRAM round trip in between), the part
         of the epilogue the array's final passes do not hide added
-        (targets.systolic.fused_gemm_cost)."""
+        (targets.systolic.fused_gemm_cost; on a flexible array a one-row product may
+        share its columns with the vector unit, targets.vector_share)."""
         kids = expr_child_classes(graph, nid)
         (ia, item), (ib, _) = shapes[kids[0]], shapes[kids[1]]
         m, k, n = math.prod(ia), math.prod(item), math.prod(ib)
         act = graph.nodes[nid]["op"] == "fused-dot-bias-act"
         # the accumulators start from the bias (the array adds it): only the activation
         epilogue = FLOPS_PER_OUTPUT[compute_op(graph, nid)] if act else 0
-        return float(fused_gemm_cost(self.accel, m, k, n, epilogue)[1]) + self._im2col(m * k, fp.get(kids[0], 0.0))
+        return float(product_cycles(self.accel, m, k, n, epilogue)) + self._im2col(m * k, fp.get(kids[0], 0.0))
 
     def _compute(self, graph, nid, shapes, reads, writes) -> float:
         """`compute OP`: a dot-product on the host, anything else on the vector unit."""

@@ -43,7 +43,8 @@ where os would re-read B per row fold, in osk, os with its loops turned (os_bloc
 fused_gemm_cost chooses: the fewest DRAM words within the accelerator's flex_slack (by
 default FLEX_CYCLE_SLACK) of the fewest cycles; every figure above is then that
 dataflow's. osk is not SCALE-Sim's: its passes are os passes, its traffic and extra
-fills are counted as os_blocking describes.
+fills are counted as os_blocking describes. A flexible array's one-row products may also
+hand columns to the vector unit (apsat/targets/vector_share.py).
 
 Units: one word is one tensor element. Scratchpad sizes are given in kB of SCALE-Sim's
 one-byte words, so 1 kB holds 1024 words (elements).

@@ -46,9 +46,11 @@ import math
 
 from apsat.backends.systolic.dataflows import TILINGS
 from apsat.backends.systolic.isa import Copy
+from apsat.backends.systolic.shared import lower_shared, shareable
 from apsat.backends.systolic.tiles import Gemm
 from apsat.backends.systolic.views import footprint
 from apsat.targets.systolic import fused_gemm_cost
+from apsat.targets.vector_share import vector_share
 
 __all__ = ["Gemm", "a_mode", "lower_fused", "lower_systolic", "product", "residual_fusions"]
 
@@ -173,8 +175,9 @@ def a_mode(L, base_a: str, aview: str, words: int, materialise: bool) -> str:
 def product(L, g: Gemm) -> None:
     """Emit the instructions of product `g` (its a_mode set) in the dataflow
     fused_gemm_cost gives it with its epilogue: the accelerator's, or a flexible array's
-    best for this product. The group records it (the last product of a grouped
-    convolution's groups)."""
+    best for this product; or, where targets.vector_share finds it faster on a flexible
+    array, split between the array and the vector unit (shared.py). The group records
+    the dataflow (the last product of a grouped convolution's groups)."""
     acc = L.acc
     m, k, base_a = g.m, g.k, L.stream.views[g.a].base
     base_size = L.stream.buffers[base_a].size
@@ -186,6 +189,10 @@ def product(L, g: Gemm) -> None:
         mat = L.new_buffer((m, k))
         L.emit(Copy(mat, aview, L.dram_words(aview, m * k), tag=L.tag))
         g.a = L.buffer_matrix(mat, m, k)
+    share = vector_share(acc, g.m, g.k, g.n, g.epilogue_ops) if shareable(g) else None
+    if share is not None:
+        lower_shared(L, g, share)
+        return
     L.dataflow = fused_gemm_cost(acc, g.m, g.k, g.n, g.epilogue_ops)[0].dataflow
     L.stream.groups[L.tag].dataflow = L.dataflow
     L.blocks = g.blocks

@@ -235,6 +235,9 @@ class Matmul:
     blocks: int = 1
 
 
+DOT_MODES = ("dot", "dotacc")      # VEC modes that are row dot-products (MACs on the vector unit)
+
+
 @dataclass(frozen=True)
 class Vec:
     """The vector unit: `mode` map / zip / row / axis0 / bias / dot applies compute
@@ -242,7 +245,9 @@ class Vec:
     blocks, result in `dst`. row: each source row is reshaped to `item` and the operator
     reduces or normalises it; axis0: the whole block is one item (its rows the item's
     first axis); dot: row i of dst (one column) is the dot-product of row i of the two
-    sources (a grouped or depthwise convolution off the array)."""
+    sources, or of the first source's one row and row i of the second (a grouped or
+    depthwise convolution off the array, the vector unit's columns of a one-row
+    product); dotacc: as dot, added to what dst holds (a later k-chunk)."""
 
     mode: str
     op: str

@@ -7,7 +7,9 @@ instructions of its kind:
 
   systolic-array, fused-dot-bias(-act)   GEMM on the array (gemm.py), the accumulators
                                          starting from the fused bias, the activation as
-                                         a vector epilogue before the store
+                                         a vector epilogue before the store; on a
+                                         flexible array a one-row product may share its
+                                         columns with the vector unit (shared.py)
   compute OP                             the vector unit (vector.py); a dot-product over
                                          an access-pair (grouped, depthwise convolutions):
                                          one GEMM per group or VEC dot (grouped.py);

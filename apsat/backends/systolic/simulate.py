@@ -18,7 +18,7 @@ import numpy as np
 
 from apsat.backends.compute_semantics import LazyPair, apply_compute
 from apsat.backends.systolic import views as V
-from apsat.backends.systolic.isa import (ARRAY, SCRATCHPADS, Copy, Host, Load, Matmul, Operand,
+from apsat.backends.systolic.isa import (ARRAY, DOT_MODES, SCRATCHPADS, Copy, Host, Load, Matmul, Operand,
                                          Preload, Slot, Store, Stream, Vec)
 from apsat.backends.systolic.vector import parse_op
 from apsat.errors import ApsatError
@@ -167,7 +167,7 @@ class Machine:
                 product = product + self.operand(ins.init)
             self._write(ins.dst, product, ins.accumulate)
         elif kind is Vec:
-            self._write(ins.dst, self._vec(ins), False)
+            self._write(ins.dst, self._vec(ins), ins.mode == "dotacc")
         elif kind is Host:
             self._host(ins)
         else:
@@ -192,8 +192,9 @@ class Machine:
         srcs = [self.operand(s) for s in ins.srcs]
         if ins.mode == "bias":
             return srcs[0] + srcs[1]
-        if ins.mode == "dot":            # row dot-products, accumulated in float32
-            return np.einsum("ik,ik->i", srcs[0], srcs[1], dtype=np.float32)[:, None]
+        if ins.mode in DOT_MODES:        # row dot-products, accumulated in float32
+            return np.einsum("ik,ik->i", np.broadcast_to(srcs[0], srcs[1].shape), srcs[1],
+                             dtype=np.float32)[:, None]
         name, params = parse_op(ins.op)
         if ins.mode == "map":
             return apply_compute(name, params, srcs[0], 2)

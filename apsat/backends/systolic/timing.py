@@ -13,7 +13,8 @@ one the extractor's cost model uses (nothing is re-derived here):
            (each scratchpad has its own, SCALE-Sim's model).
   COPY     max of dram_cycles of its reads (ifmap interface) and writes (ofmap interface).
   VEC      vector_cycles(acc, elements, ops per element), the operator's arithmetic from
-           apsat.extract.workload (the cost model's table).
+           apsat.extract.workload (the cost model's table); dot and dotacc
+           VECTOR_OPS_PER_MAC a MAC (targets.pair_dot).
   HOST     the cost model's host figures: a hand-off, one MAC a cycle for a dot-product,
            and its DRAM traffic.
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from apsat.backends.systolic.isa import ARRAY, Copy, Host, Load, Matmul, Preload, Store, Stream, Vec
+from apsat.backends.systolic.isa import ARRAY, DOT_MODES, Copy, Host, Load, Matmul, Preload, Store, Stream, Vec
 from apsat.backends.systolic.vector import operator_term
 from apsat.extract.cost_systolic import HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE
 from apsat.extract.workload import operator_flops
@@ -58,10 +59,16 @@ def vec_cycles(acc, ins: Vec) -> int:
     out = ins.dst.region.size
     if ins.mode == "bias":
         return vector_cycles(acc, out, 1)
-    if ins.mode == "dot":
-        return vector_cycles(acc, ins.srcs[0].region.size, VECTOR_OPS_PER_MAC)
+    if ins.mode in DOT_MODES:
+        return vector_cycles(acc, dot_macs(ins), VECTOR_OPS_PER_MAC)
     work = operator_flops(operator_term(ins.op), sum(s.region.size for s in ins.srcs), out)
     return vector_cycles(acc, math.ceil(work), 1)
+
+
+def dot_macs(ins: Vec) -> int:
+    """MACs of a VEC dot or dotacc: its second source's elements (the first may be one
+    row read against each of its rows)."""
+    return ins.srcs[1].region.size
 
 
 def _whole(name: str) -> tuple:
@@ -121,8 +128,8 @@ def footprint_of(stream: Stream, ins):
             reads.append(_operand(ins.dst))
         return (("array",), pass_cycles(acc, ins), reads, [_operand(ins.dst)], {}, {})
     if kind is Vec:
-        return (("vector",), vec_cycles(acc, ins), [_operand(s) for s in ins.srcs],
-                [_operand(ins.dst)], {}, {})
+        reads = [_operand(s) for s in ins.srcs] + ([_operand(ins.dst)] if ins.mode == "dotacc" else [])
+        return (("vector",), vec_cycles(acc, ins), reads, [_operand(ins.dst)], {}, {})
     if kind is Host:
         from apsat.backends.systolic.lower import host_program
 
@@ -232,9 +239,9 @@ def _run(stream: Stream, seq, groups: dict, tensors: dict, section: str) -> dict
         elif isinstance(ins, Host):
             host_macs += ins.macs
             g["macs"] += ins.macs
-        elif isinstance(ins, Vec) and ins.mode == "dot":
-            vector_macs += ins.srcs[0].region.size
-            g["macs"] += ins.srcs[0].region.size
+        elif isinstance(ins, Vec) and ins.mode in DOT_MODES:
+            vector_macs += dot_macs(ins)
+            g["macs"] += dot_macs(ins)
         for b, w in dr.items():
             tensors.setdefault(b, [0, 0])[0] += w
             reads_total += w
