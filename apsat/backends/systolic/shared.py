@@ -26,7 +26,9 @@ from apsat.targets.vector_share import VectorShare, k_chunks, vector_rows, vecto
 
 def shareable(g) -> bool:
     """Whether product `g` can be split at all: one dense row, a plain output (not placed
-    in a larger matrix), no zipped or starting operand, not batched."""
+    in a larger matrix), no zipped or starting operand, not batched. (The cost model
+    prices the product alone; where it priced a split that one of these forbids, the
+    product runs whole on the array, slower than priced. None arises in the light zoo.)"""
     return (g.m == 1 and g.a_mode == "dense" and g.res is None and g.start is None
             and not g.c_rows and not g.c_cols and g.blocks == 1)
 
@@ -36,8 +38,9 @@ def lower_shared(L, g, share: VectorShare) -> None:
     na = g.n - share.cols
     vector_half = L.half("ifmap")            # the array part's input row takes the other half
     L.dataflow = share.array.dataflow
-    L.stream.groups[L.tag].dataflow = L.dataflow
-    L.stream.groups[L.tag].label += f" (vector unit: {share.cols} of {g.n} columns)"
+    group = L.stream.groups[L.tag]
+    group.dataflow, group.vector_cols = L.dataflow, share.cols
+    group.label += f" (vector unit: {share.cols} of {g.n} columns)"
     part = dataclasses.replace(g, n=na, b=_columns(L, g.b, 0, na), c_cols=g.n, c_col0=0,
                                bias=None if g.bias is None else _columns(L, g.bias, 0, na))
     main, L.seq = L.seq, []

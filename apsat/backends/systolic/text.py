@@ -7,6 +7,7 @@ rebuilds an equal Stream (tests check it round-trips).
     .buffer c0 const - 0.5                          const: its value; `-` is a scalar)
     .view v3 x0 |windows 3x3x3/1x2x2/1x1x1@1 |reshape 12321x27
     .group L0 gemm "systolic-array" m=12321 k=27 n=64 a_mode=resident df=os
+                                                    (vcols=232: columns on the vector unit)
     .output "softmaxout_1" v99
     .opaque "key" {json: the ONNX node, base64}
     .options im2col=model fold_copies=0 fuse_zips=0 (the lowering options)
@@ -16,6 +17,7 @@ rebuilds an equal Stream (tests check it round-trips).
     PRELOAD filter@0:27x32[0:27,0:32] tag=L0
     MATMUL ofmap@0:1024x32[0:32,0:32] <- ifmap@0:1x150528/v3[0:32,0:27] * filter@0:27x64[0:27,0:32] m=32 k=27 n=32 acc=0 fill=1 df=os tag=L0
     VEC map relu ofmap@0:1024x32[0:1024,0:32] <- ofmap@0:1024x32[0:1024,0:32] tag=L0
+    VEC dotacc "dot-product" ofmap@63488:1024x1[0:1,0:1] <- ifmap@0:1x25088[0:1,12544:25088], ifmap@49152:1x12544[0:1,0:12544] tag=L21
     STORE t0:12321x64[0:1024,0:32] <- ofmap@0:1024x32 acc=0 tag=L0
     COPY t5 <- v9 words=200704 tag=L3          (COPY t5 axis=1 0:64 <- ... for a part)
     HOST t7 macs=0 reads=4000 reason="..." term="(...)" tag=L4
@@ -199,6 +201,7 @@ def to_text(stream: Stream) -> str:
     for g in stream.groups.values():
         gemm = f" m={g.m} k={g.k} n={g.n} a_mode={g.a_mode}" if g.m else ""
         gemm += f" df={g.dataflow}" if g.dataflow else ""
+        gemm += f" vcols={g.vector_cols}" if g.vector_cols else ""
         lines.append(f".group {g.tag} {g.kind} {_q(g.label)}{gemm}")
     for name, v in stream.outputs.items():
         lines.append(f".output {_q(name)} {v}")
@@ -291,7 +294,8 @@ def parse(text: str) -> Stream:
                 tok = _tokens(line)
                 kv = _kv(tok[4:])
                 stream.groups[tok[1]] = Group(tok[1], tok[2], tok[3], int(kv.get("m", 0)), int(kv.get("k", 0)),
-                                              int(kv.get("n", 0)), kv.get("a_mode", ""), kv.get("df", ""))
+                                              int(kv.get("n", 0)), kv.get("a_mode", ""), kv.get("df", ""),
+                                              int(kv.get("vcols", 0)))
             elif line.startswith(".output "):
                 tok = _tokens(line)
                 stream.outputs[tok[1]] = tok[2]

@@ -269,9 +269,10 @@ def cycles(stream: Stream) -> dict:
       host work perfectly hidden;
       dram {reads, writes, total, per_tensor {buffer: {reads, writes, tensor}}};
       groups [{tag, kind, label, cycles, ...}] per lowered program node, GEMMs with
-      gemm_cost's figures beside the stream's (array_span: first pass start to last
-      pass end; the first pass waits for its operand blocks, the prefetch SCALE-Sim
-      counts outside its total cycles); host_steps; instructions (per opcode).
+      gemm_cost's figures for their array part beside the stream's (array_span: first
+      pass start to last pass end; the first pass waits for its operand blocks, the
+      prefetch SCALE-Sim counts outside its total cycles; vector_cols: columns run on
+      the vector unit); host_steps; instructions (per opcode).
     """
     acc = stream.accel
     groups: dict[str, dict] = {}
@@ -288,8 +289,11 @@ def cycles(stream: Stream) -> dict:
                "section": g["section"], "cycles": int(math.ceil(g["end"] - g["start"])),
                "macs": g["macs"], "dram_reads": g["dram_reads"], "dram_writes": g["dram_writes"]}
         if info is not None and info.kind == "gemm":
-            gc = gemm_cost(acc, info.m, info.k, info.n, info.dataflow or None)
+            # the array's part of the product (a one-row product's last columns may run on
+            # the vector unit: vector_cols)
+            gc = gemm_cost(acc, info.m, info.k, info.n - info.vector_cols, info.dataflow or None)
             row.update(m=info.m, k=info.k, n=info.n, a_mode=info.a_mode, dataflow=gc.dataflow,
+                       vector_cols=info.vector_cols,
                        array_span=int(math.ceil(g["array_end"] - g["array_start"])),
                        gemm_cost_total=gc.total_cycles, gemm_cost_compute=gc.compute_cycles,
                        gemm_cost_dram=gc.dram_words)

@@ -66,3 +66,15 @@ def test_the_stream_takes_the_model_s_cycles(k, n):
     assert rep["busy"]["vector"] <= share.vector_cycles
     # the weights, the bias and the input row once (the vector part reads the array part's)
     assert rep["dram"]["reads"] == k * n + n + k
+
+
+def test_the_report_and_the_text_name_the_shared_columns():
+    k, n = 4096, 1000
+    stream = sab.compile(apsat.parse(RELU, _shapes(k, n)), FLEX32, weights=["w", "bias"])
+    share = vector_share(FLEX32, 1, k, n, 1)
+    (g,) = [g for g in sab.cycles(stream)["groups"] if g["kind"] == "gemm"]
+    # the report's model figures are the array part's: its span matches them
+    assert g["vector_cols"] == share.cols and g["gemm_cost_total"] == share.array.total_cycles
+    assert abs(g["array_span"] - g["gemm_cost_total"]) <= 0.01 * g["gemm_cost_total"]
+    again = sab.parse(sab.to_text(stream))
+    assert [x.vector_cols for x in again.groups.values()] == [x.vector_cols for x in stream.groups.values()]
