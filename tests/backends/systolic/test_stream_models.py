@@ -99,6 +99,21 @@ def test_alexnet_matches_onnxruntime_with_its_grouped_convolutions_on_the_array(
     assert any(isinstance(i, sab.Vec) and i.mode == "axis0" for i in stream.main)
 
 
+def test_alexnet_on_a_flexible_array_shares_its_fully_connected_layers_with_the_vector_unit():
+    import dataclasses
+
+    from apsat.targets.systolic import PRESETS
+
+    flex = dataclasses.replace(PRESETS["32x32"], dataflow="flex")
+    model = load("bvlc_alexnet")
+    stream = sab.compile(fused_program(model, flex), flex, weights=model.weights)
+    check_against_onnxruntime(model, stream)
+    # fc6, fc7 and fc8 at batch 1: about a quarter of each one's columns on the vector unit
+    shared = [g for g in sab.cycles(stream)["groups"] if g.get("vector_cols")]
+    assert [(g["k"], g["n"], g["vector_cols"]) for g in shared] == [(9216, 4096, 1024), (4096, 4096, 1024),
+                                                                   (4096, 1000, 232)]
+
+
 def test_shufflenet_grouped_on_the_array_depthwise_batched():
     model = load("shufflenet")
     stream = sab.compile(fused_program(model), "systolic:32x32", weights=model.weights)
