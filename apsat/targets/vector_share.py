@@ -75,12 +75,13 @@ def shared_vector_cycles(acc: Accelerator, m: int, k: int, cols: int, epilogue_o
     epilogue over the m * cols outputs, plus the first slot's load."""
     rows = vector_rows(acc, k, cols)
     full, rest = divmod(cols, rows)
+    chunks = k_chunks(k, vector_slot(acc))
     dots = 0
-    for k0, k1 in k_chunks(k, vector_slot(acc)):
+    for k0, k1 in chunks:
         per = m * (k1 - k0)
         dots += full * vector_cycles(acc, rows * per, VECTOR_OPS_PER_MAC)
         dots += vector_cycles(acc, rest * per, VECTOR_OPS_PER_MAC) if rest else 0
-    first = dram_cycles(acc, rows * k_chunks(k, vector_slot(acc))[0][1])
+    first = dram_cycles(acc, rows * chunks[0][1])
     epilogue = vector_cycles(acc, m * cols, 1) + (vector_cycles(acc, m * cols, epilogue_ops) if epilogue_ops > 0 else 0)
     return first + dots + epilogue
 

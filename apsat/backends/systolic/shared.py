@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 
 from apsat.backends.systolic.dataflows import TILINGS
-from apsat.backends.systolic.isa import Load, Matmul, Operand, Region, Slot, Store, Vec
+from apsat.backends.systolic.isa import Load, Operand, Region, Slot, Store, Vec
 from apsat.backends.systolic.tiles import whole
-from apsat.backends.systolic.timing import pass_cycles, vec_cycles
+from apsat.backends.systolic.timing import footprint_of
 from apsat.errors import ApsatError
 from apsat.targets.vector_share import VectorShare, k_chunks, vector_rows, vector_slot
 
@@ -48,8 +48,9 @@ def lower_shared(L, g, share: VectorShare) -> None:
     array_part, L.seq = L.seq, main
     row = _input_row(L, array_part, g)
     vector_part = _vector_part(L, g, na, row, vector_half)
-    _check_apart(L, array_part, vector_part)
-    for ins in _interleave(L.acc, array_part, vector_part):
+    array_fp, vector_fp = _footprints(L, array_part), _footprints(L, vector_part)
+    _check_apart(L, array_fp, vector_fp, row)
+    for ins in _interleave(array_part, array_fp, vector_part, vector_fp):
         L.emit(ins)
 
 
@@ -106,45 +107,35 @@ def _load(L, slot: Slot, view: str, region: Region) -> Load:
     return Load(slot, view, region, L.dram_words(view, region.size), L.tag)
 
 
-def _slots(instructions):
-    """Every scratchpad slot the instructions touch."""
+def _footprints(L, instructions) -> list:
+    """(units, cycles, scratchpad word ranges) of each instruction, as the cycle model
+    sees them (timing.footprint_of)."""
+    out = []
     for ins in instructions:
-        if isinstance(ins, Load):
-            yield ins.dst
-        elif isinstance(ins, Store):
-            yield ins.src
-        elif isinstance(ins, (Matmul, Vec)):
-            for op in (ins.dst, *(getattr(ins, "srcs", ()) or (ins.a, ins.b, ins.init))):
-                if isinstance(op, Operand):
-                    yield op.slot
-
-
-def _check_apart(L, array_part, vector_part) -> None:
-    """The two parts share no scratchpad words but the input row (they run at once)."""
-    used = {}
-    for slot in _slots(array_part):
-        used.setdefault(slot.sp, []).append((slot.offset, slot.offset + slot.words, slot))
-    for slot in _slots(vector_part):
-        for lo, hi, other in used.get(slot.sp, ()):
-            if other != slot and lo < slot.offset + slot.words and slot.offset < hi:
-                raise ApsatError(f"accelerator {L.acc.name!r}: internal: a shared product's vector "
-                                 f"part ({slot.text()}) overlaps its array part ({other.text()})")
-
-
-def _timed(acc, instructions, cost) -> list:
-    """(when the instruction would start if its unit never waited, instruction)."""
-    t, out = 0, []
-    for ins in instructions:
-        out.append((t, ins))
-        t += cost(ins)
+        units, cycles, reads, writes, _, _ = footprint_of(L.stream, ins)
+        out.append((units, cycles, {r for r in reads + writes if r[0].startswith("sp:")}))
     return out
 
 
-def _interleave(acc, array_part, vector_part):
-    """The two instruction lists merged by their unwaited start times (each keeps its
-    order; ties go to the array part)."""
-    a = _timed(acc, array_part, lambda i: pass_cycles(acc, i) if isinstance(i, Matmul) else 0)
-    v = _timed(acc, vector_part, lambda i: vec_cycles(acc, i) if isinstance(i, Vec) else 0)
+def _check_apart(L, array_fp, vector_fp, row: Slot) -> None:
+    """The two parts share no scratchpad words but the input row (they run at once)."""
+    taken = set().union(*(ranges for _, _, ranges in array_fp))
+    sp, lo_row, hi_row = "sp:" + row.sp, row.offset, row.offset + row.words
+    for name, lo, hi in set().union(*(ranges for _, _, ranges in vector_fp)):
+        if name == sp and lo_row <= lo and hi <= hi_row:
+            continue            # the input row, which the vector part only reads
+        for other, o_lo, o_hi in taken:
+            if other == name and lo < o_hi and o_lo < hi:
+                raise ApsatError(f"accelerator {L.acc.name!r}: internal: a shared product's vector "
+                                 f"part ({name}[{lo}:{hi})) overlaps its array part ({other}[{o_lo}:{o_hi}))")
+
+
+def _interleave(array_part, array_fp, vector_part, vector_fp):
+    """The two instruction lists merged by their unwaited start times on their own unit
+    (the array's pass cycles, the vector unit's VEC cycles; each list keeps its order,
+    ties go to the array part)."""
+    a = _start_times(array_part, array_fp, "array")
+    v = _start_times(vector_part, vector_fp, "vector")
     i = j = 0
     while i < len(a) or j < len(v):
         if j == len(v) or (i < len(a) and a[i][0] <= v[j][0]):
@@ -153,3 +144,12 @@ def _interleave(acc, array_part, vector_part):
         else:
             yield v[j][1]
             j += 1
+
+
+def _start_times(instructions, fps, unit: str) -> list:
+    """(when the instruction would start if `unit` never waited, instruction)."""
+    t, out = 0, []
+    for ins, (units, cycles, _) in zip(instructions, fps):
+        out.append((t, ins))
+        t += cycles if unit in units else 0
+    return out
