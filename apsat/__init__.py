@@ -3,17 +3,17 @@
 Public API: parse, Program, EGraph, extract, evaluate, load_onnx, optimize, ApsatError.
 The heavier parts (egglog, onnx, onnxruntime) load on first use.
 """
-from apsat.egraph.program import Program, parse
+from apsat.lang.program import Program, parse
 from apsat.errors import ApsatError
 from apsat.extract import extract  # binds the name over the subpackage attribute of the same name
 
 __all__ = ["Program", "parse", "EGraph", "extract", "evaluate", "load_onnx", "optimize", "ApsatError"]
 
 _LAZY = {
-    "EGraph": ("apsat.egraph.egraph", "EGraph"),
-    "evaluate": ("apsat.backends.reference", "evaluate"),
-    "load_onnx": ("apsat.egraph.importer", "load_onnx"),
-    "optimize": ("apsat.api", "optimize"),
+    "EGraph": ("apsat.explore.egraph", "EGraph"),
+    "evaluate": ("apsat.lang.evaluate", "evaluate"),
+    "load_onnx": ("apsat.frontend.importer", "load_onnx"),
+    "optimize": ("apsat.pipeline.optimize", "optimize"),
 }
 
 

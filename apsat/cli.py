@@ -42,14 +42,14 @@ def _lowering(text: str) -> dict:
 def _optimize_one(source, name: str, args, progress, task, randomize=False) -> dict:
     """Optimise one model, write its report, return the report (with `error` on failure).
     `randomize`: replace the weights with seeded random ones first (the light zoo)."""
-    from apsat.api import optimize
+    from apsat.pipeline.optimize import optimize
 
     out_dir = Path(args.out) / name
     try:
         if randomize:  # loaded here, one model at a time: VGG-19's weights alone are 548 MiB
             import onnx
 
-            from apsat.zoo import randomize_weights
+            from apsat.pipeline.zoo import randomize_weights
 
             source = randomize_weights(onnx.load(str(source)), seed=args.seed)
         res = optimize(source, target=args.target, rules=args.rules or None,
@@ -129,7 +129,7 @@ def cmd_optimize(args) -> int:
 def cmd_zoo(args) -> int:
     """Optimise models; the light zoo's weights are all 0.02, so they get seeded random
     weights first (otherwise verification would compare constants)."""
-    from apsat.zoo import light_model_paths
+    from apsat.pipeline.zoo import light_model_paths
 
     paths: list[Path] = []
     for item in args.models or []:

@@ -103,7 +103,7 @@ def bench(name: str, small: bool, iters: int, gpu: bool) -> dict:
     import apsat
     from apsat.backends.gpu.lower import lower
     from apsat.backends.gpu.runner import load_runner, write_sources
-    from apsat.zoo import ort_run, random_inputs
+    from apsat.pipeline.zoo import ort_run, random_inputs
 
     kwargs = {} if small else SIZES[name]
     t = time.perf_counter()

@@ -21,10 +21,10 @@ def _rss_mib() -> float:
 def measure(path: str, evaluate: bool) -> dict:
     import onnx
 
-    from apsat.egraph.egraph import EGraph
-    from apsat.egraph.importer import load_onnx
+    from apsat.explore.egraph import EGraph
+    from apsat.frontend.importer import load_onnx
     from apsat.extract import extract
-    from apsat.zoo import random_inputs, randomize_weights
+    from apsat.pipeline.zoo import random_inputs, randomize_weights
 
     proto = randomize_weights(onnx.load(path), seed=0)
     row = {"onnx_nodes": len(proto.graph.node)}  # after weights became initializers
@@ -55,9 +55,9 @@ def measure(path: str, evaluate: bool) -> dict:
 def measure_chain(n: int) -> dict:
     """A synthetic n-node program (relu / residual-add chain) through e-graph load and
     extraction: the scaling check for time and memory."""
-    from apsat.egraph.egraph import EGraph
-    from apsat.egraph.program import Program
-    from apsat.egraph.term import Term
+    from apsat.explore.egraph import EGraph
+    from apsat.lang.program import Program
+    from apsat.lang.term import Term
     from apsat.extract import extract
 
     x = Term("access", (Term("access-tensor", ("x",)), 1))
@@ -91,7 +91,7 @@ def _chain_child(n, queue):
 def main(argv):
     from pathlib import Path
 
-    from apsat.zoo import light_model_paths
+    from apsat.pipeline.zoo import light_model_paths
 
     evaluate = "--no-eval" not in argv
     wanted = [a for a in argv if not a.startswith("--")]

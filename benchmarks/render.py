@@ -21,7 +21,7 @@ def resnet_egraph():
     import onnx
 
     import apsat
-    from apsat.zoo import light_model_paths, randomize_weights
+    from apsat.pipeline.zoo import light_model_paths, randomize_weights
 
     path = next(p for p in light_model_paths() if "resnet50" in p.name)
     model = apsat.load_onnx(randomize_weights(onnx.load(str(path))))

@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a c
 def measure(path: str, target: str, regions: bool = False, rules=None, limits=None) -> dict:
     import onnx
 
-    from apsat.egraph.egraph import EGraph
-    from apsat.egraph.importer import load_onnx
-    from apsat.zoo import randomize_weights
+    from apsat.explore.egraph import EGraph
+    from apsat.frontend.importer import load_onnx
+    from apsat.pipeline.zoo import randomize_weights
 
     model = load_onnx(randomize_weights(onnx.load(path), seed=0))
     eg = EGraph(target=target)
@@ -57,7 +57,7 @@ def _option(argv, flag, convert, multi=False):
 
 
 def main(argv):
-    from apsat.zoo import light_model_paths
+    from apsat.pipeline.zoo import light_model_paths
 
     target, argv = _option(argv, "--target", str)
     target = target or "gpu"

@@ -68,9 +68,9 @@ def _program(model, array: str, plan, cache: Path, key: str, dataflow: str | Non
     model of the preset `array` (its own dataflow, or `dataflow`; the extraction is not
     repeated per fixed dataflow: on DenseNet-121 one extraction takes minutes). Cached as
     DAG text."""
-    from apsat.egraph.egraph import EGraph
-    from apsat.egraph.program import Program
-    from apsat.egraph.syntax import parse_dag_text, to_dag_text
+    from apsat.explore.egraph import EGraph
+    from apsat.lang.program import Program
+    from apsat.lang.syntax import parse_dag_text, to_dag_text
     from apsat.extract import extract
 
     from apsat.targets.systolic import PRESETS
@@ -184,8 +184,8 @@ def dram_floor(proto) -> int:
 def run(names, arrays, cache: Path) -> list[dict]:
     import onnx
 
-    from apsat.egraph.importer import load_onnx
-    from apsat.zoo import light_model_paths, randomize_weights
+    from apsat.frontend.importer import load_onnx
+    from apsat.pipeline.zoo import light_model_paths, randomize_weights
 
     cache.mkdir(parents=True, exist_ok=True)
     rows = []

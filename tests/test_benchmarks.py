@@ -43,7 +43,7 @@ def test_systolic_benchmark_on_squeezenet(tmp_path, capsys):
 def test_saturate_benchmark_measures_the_default_plan():
     from apsat.rules.saturate import default_plan
     from apsat.targets import parse_target
-    from apsat.zoo import light_model_paths
+    from apsat.pipeline.zoo import light_model_paths
 
     bench = _load("saturate")
     path = next(p for p in light_model_paths() if "squeezenet" in p.name)

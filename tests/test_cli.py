@@ -5,7 +5,7 @@ import onnx
 import pytest
 
 from apsat.cli import main
-from apsat.zoo import light_model_paths, randomize_weights
+from apsat.pipeline.zoo import light_model_paths, randomize_weights
 
 SQUEEZENET = next(p for p in light_model_paths() if "squeezenet" in p.name)
 
@@ -24,7 +24,7 @@ def test_optimize_writes_report_and_program(tmp_path, capsys):
         assert k["cuda"]["registers"] is None
     assert report["verification"]["ok"] and report["ops_before"]["Conv"] == 26
     assert report["egraph"]["nodes"] > 0 and set(report["seconds"]) >= {"import", "egraph", "extract", "verify"}
-    from apsat.egraph.syntax import parse_dag_text
+    from apsat.lang.syntax import parse_dag_text
 
     text = (tmp_path / "out" / "squeezenet" / "program.txt").read_text()
     assert list(parse_dag_text(text)) == ["softmaxout_1"]

@@ -1,7 +1,7 @@
 """End to end on real models: import -> e-graph -> extract -> reference interpreter, compared
 with onnxruntime on the original model.
 
-Tolerance rtol 1e-4 / atol 1e-5 (apsat.verify): both sides compute in float32 but sum in
+Tolerance rtol 1e-4 / atol 1e-5 (apsat.pipeline.verify): both sides compute in float32 but sum in
 different orders (tensordot over im2col windows vs onnxruntime's direct convolution), so
 sums of up to ~25k products differ by a few ulps each; the logits before the final Softmax
 are compared too, since a Softmax over 1000 classes can hide errors in its input.
@@ -9,8 +9,8 @@ are compared too, since a Softmax over 1000 classes can hide errors in its input
 import onnx
 import pytest
 
-from apsat.api import optimize
-from apsat.zoo import light_model_paths, logits_output, randomize_weights, softmax_logits
+from apsat.pipeline.optimize import optimize
+from apsat.pipeline.zoo import light_model_paths, logits_output, randomize_weights, softmax_logits
 
 LIGHT = {p.stem.replace("light_", ""): p for p in light_model_paths()}
 

@@ -3,9 +3,9 @@ the importer. This test walks the op registry and fails on any part that is miss
 
 import pytest
 
-from apsat.egraph.ops import COMPUTE_OPS, EGG_NAMES, OPS, PAD_TYPES
+from apsat.lang.ops import COMPUTE_OPS, EGG_NAMES, OPS, PAD_TYPES
 from apsat.egraph.egglog_io import language_text
-from apsat.egraph.syntax import _read_sexprs
+from apsat.lang.syntax import _read_sexprs
 
 LANGUAGE = "language.egg / shape_rules.egg"
 
@@ -51,14 +51,14 @@ def test_every_compute_operator_has_an_egglog_shape_rule(name):
 
 
 def test_reference_semantics_cover_the_registry():
-    from apsat.backends.reference import COMPUTE_EVALUATORS, EVALUATORS
+    from apsat.lang.evaluate import COMPUTE_EVALUATORS, EVALUATORS
 
     assert set(EVALUATORS) == set(OPS)
     assert set(COMPUTE_EVALUATORS) == set(COMPUTE_OPS)
 
 
 def test_importer_entries_exist():
-    from apsat.egraph.lowering import LOWERINGS
+    from apsat.frontend.lowering import LOWERINGS
 
     for spec in list(OPS.values()) + list(COMPUTE_OPS.values()):
         if isinstance(spec.onnx, str):
@@ -74,8 +74,8 @@ def _priced_examples():
     class shapes, as cost models see it."""
     from test_syntax import EXAMPLES, SHAPES, operator_head
 
-    from apsat.egraph.egraph import EGraph
-    from apsat.egraph.syntax import parse_term
+    from apsat.explore.egraph import EGraph
+    from apsat.lang.syntax import parse_term
     from apsat.extract.decode import language_graph
     from apsat.extract.shapes import class_shapes
 
@@ -126,7 +126,7 @@ def test_operator_parameter_kinds_are_known():
 def test_element_wise_operator_sets_agree_with_language_egg():
     """ops.UNARY_MAPS are exactly the operators language.egg marks `unary-map`, and every
     n-ary operator is `item-nary` there (what `elementwise-op`, and so the chain rule, uses)."""
-    from apsat.egraph.ops import NARY_OPS, UNARY_MAPS
+    from apsat.lang.ops import NARY_OPS, UNARY_MAPS
 
     names = {EGG_NAMES.get(c, c) for c in COMPUTE_OPS} - {"chain"}
 
@@ -139,7 +139,7 @@ def test_element_wise_operator_sets_agree_with_language_egg():
 
 
 def test_chain_arithmetic_is_the_sum_of_its_parts():
-    from apsat.egraph.syntax import parse_compute_op
+    from apsat.lang.syntax import parse_compute_op
     from apsat.extract.workload import FLOPS_PER_INPUT, FLOPS_PER_OUTPUT, operator_flops
 
     op = parse_compute_op("(chain (chain elementwise-add relu) sigmoid)")

@@ -2,8 +2,8 @@
 import pytest
 
 import apsat
-from apsat.egraph.ops import COMPUTE_OPS, OPS
-from apsat.egraph.syntax import parse_term, to_text
+from apsat.lang.ops import COMPUTE_OPS, OPS
+from apsat.lang.syntax import parse_term, to_text
 from apsat.errors import ParseError, ShapeError
 
 CONV = ("(compute dot-product (access-cartesian-product (access (access-tensor w) 1) "
@@ -81,7 +81,7 @@ def test_every_compute_operator_round_trips(op):
 def test_chain_operators_parse_print_and_shape():
     """(chain F G): operators as parameters, nested to the left; its item shape is G's rule
     over F's; F must be element-wise and G a unary map."""
-    from apsat.egraph.syntax import compute_op_text, parse_compute_op
+    from apsat.lang.syntax import compute_op_text, parse_compute_op
 
     text = "(chain (chain elementwise-sub exp) (clip 0.0 6.0))"
     op = parse_compute_op(text)
@@ -141,7 +141,7 @@ def test_deep_program_does_not_recurse():
 
 
 def test_dag_text_is_linear_and_round_trips():
-    from apsat.egraph.syntax import parse_dag_text, to_dag_text
+    from apsat.lang.syntax import parse_dag_text, to_dag_text
 
     # a residual chain whose tree form has 2**200 nodes
     cur = parse_term("(access (access-tensor x) 1)")
@@ -161,7 +161,7 @@ def test_dag_text_is_linear_and_round_trips():
     ("y (access-tensor x)", "expected '%N = EXPR'"),
 ])
 def test_dag_text_errors(text, message):
-    from apsat.egraph.syntax import parse_dag_text
+    from apsat.lang.syntax import parse_dag_text
 
     with pytest.raises(ParseError, match=message):
         parse_dag_text(text)

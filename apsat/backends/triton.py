@@ -8,7 +8,7 @@ from __future__ import annotations
 
 def run(program, inputs: dict, **kwargs):
     """Run `program` with its Triton kernels (GPU, or the Triton interpreter on the CPU);
-    same contract as apsat.backends.reference.evaluate. Keywords: tiles, device,
+    same contract as apsat.lang.evaluate.evaluate. Keywords: tiles, device,
     directory (see apsat.backends.gpu.triton.run)."""
     from apsat.backends.gpu.triton import run as _run
 

@@ -16,7 +16,7 @@ import time
 from egglog import bindings
 
 from apsat.egraph.egglog_io import language_text
-from apsat.egraph.ops import OPS
+from apsat.lang.ops import OPS
 from apsat.errors import EGraphError
 
 # Rules of the `shapes` ruleset (language.egg, shape_rules.egg): left out of the per-rule

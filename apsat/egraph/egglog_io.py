@@ -22,7 +22,7 @@ from apsat.errors import EGraphError
 _MAX_MESSAGE = 300
 # The language's egglog files, in load order: declarations and the shape store first, then
 # the per-op shape rules that use them.
-LANGUAGE_FILES = tuple(Path(__file__).with_name(n) for n in ("language.egg", "shape_rules.egg"))
+LANGUAGE_FILES = tuple(Path(__file__).resolve().parents[1] / "lang" / n for n in ("language.egg", "shape_rules.egg"))
 _depth = 0  # nesting level of captured_stderr (egglog is single-threaded here)
 
 

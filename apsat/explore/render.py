@@ -20,8 +20,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from apsat.egraph.ops import OPS
-from apsat.egraph.term import Term
+from apsat.lang.ops import OPS
+from apsat.lang.term import Term
 from apsat.extract.decode import expr_child_classes, language_graph, node_args
 from apsat.extract.shapes import class_shapes
 

@@ -7,7 +7,7 @@
     compare(eg, root, ...)    Comparison: extractions side by side, differences marked
 
 Each object has `_repr_html_` for notebooks and a readable `__str__` for terminals. The
-EGraph methods of the same names (apsat/egraph/egraph.py) call these.
+apsat.EGraph methods of the same names (apsat/explore/egraph.py) call these.
 """
 from __future__ import annotations
 
@@ -95,14 +95,14 @@ def step(eg, name: str, **limits) -> StepReport:
     """Run one phase of the target's default plan (by phase name: "layout", "im2col", ...)
     or one ruleset (by name) and report what changed. `limits` (iter_limit, node_limit,
     time_limit) override the phase's own."""
-    from apsat.rules.saturate import Phase, default_plan
+    from apsat.rules.saturate import Phase, default_plan, saturate
 
     phase = next((p for p in default_plan(eg.target) if p.name == name), None) or Phase(name, (name,))
     settings = {"iter_limit": phase.iter_limit, "node_limit": phase.node_limit, "time_limit": phase.time_limit}
     settings.update(limits)
     before = eg.size()
     start = time.perf_counter()
-    report = eg.saturate(list(phase.rulesets), **settings)
+    report = saturate(eg, list(phase.rulesets), **settings)
     run = report["phases"][0] if report["phases"] else {"stop_reason": "skipped", "rule_matches": {}}
     return StepReport(name, list(phase.rulesets), before, eg.size(), time.perf_counter() - start,
                       run["stop_reason"], dict(run["rule_matches"]))
@@ -199,7 +199,7 @@ class Comparison:
 
     def texts(self) -> dict[str, list[str]]:
         """name -> the program's DAG text lines."""
-        from apsat.egraph.syntax import to_dag_text
+        from apsat.lang.syntax import to_dag_text
 
         return {name: to_dag_text(p.outputs).splitlines() for name, p in self.programs.items()}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import time
 
-from apsat.egraph.program import Program
+from apsat.lang.program import Program
 from apsat.extract.check import check_extraction, dag_cost
 from apsat.extract.cost import cost_model
 from apsat.extract.decode import decode, language_graph

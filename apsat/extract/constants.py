@@ -15,7 +15,7 @@ the same value). Found by a worklist from the leaves, each node visited once per
 """
 from __future__ import annotations
 
-from apsat.egraph.ops import OPS
+from apsat.lang.ops import OPS
 from apsat.extract.decode import expr_child_classes, node_args
 from apsat.extract.graph import ExtractionGraph
 

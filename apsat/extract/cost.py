@@ -11,7 +11,7 @@ Where context enters a cost is listed in workload.py's module doc.
 """
 from __future__ import annotations
 
-from apsat.egraph.ops import OPS
+from apsat.lang.ops import OPS
 from apsat.extract.cost_gpu import GpuRoofline
 from apsat.extract.cost_systolic import SystolicCycles
 from apsat.extract.graph import ExtractionGraph

@@ -37,13 +37,11 @@ from apsat.extract.graph import ExtractionGraph
 from apsat.extract.workload import (COPY_OPS, FLOPS_PER_OUTPUT, HOST_OPS,
                                     KERNEL_OPS, VIEW_OPS, compute_op, elements, flops, footprints,
                                     needs_shapes, traffic)
-from apsat.extract.pair_product import pair_product
+from apsat.targets.pair_product import pair_product
 from apsat.targets.pair_dot import pair_dot_cost
-from apsat.targets.systolic import PRESETS, Accelerator, dram_cycles, vector_cycles
+from apsat.targets.systolic import (HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE, PRESETS, Accelerator,
+                                    dram_cycles, vector_cycles)
 from apsat.targets.vector_share import product_cycles
-
-HOST_MACS_PER_CYCLE = 1.0       # a scalar host core, in accelerator cycles
-HOST_HANDOFF_CYCLES = 10_000.0  # synchronising with the host for one step
 
 
 @dataclass
@@ -149,7 +147,7 @@ def _pre_broadcast(graph: ExtractionGraph, cls: str, shapes: dict) -> tuple:
 
 def pair_product_of(graph: ExtractionGraph, cls: str, shapes: dict):
     """The PairProduct of a dot-product over class `cls` when `cls` holds an access-pair
-    of operands with shapes (apsat/extract/pair_product.py), else None."""
+    of operands with shapes (apsat/targets/pair_product.py), else None."""
     for nid in graph.classes.get(cls, ()):
         if graph.nodes[nid]["op"] != "access-pair":
             continue

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from apsat.egraph.ops import COMPUTE_OPS, OPS, PAD_TYPES
-from apsat.egraph.term import Term
+from apsat.lang.ops import COMPUTE_OPS, OPS, PAD_TYPES
+from apsat.lang.term import Term
 from apsat.extract.graph import ExtractionGraph
 
 LIST_OPS = {"inil", "icons", "enil", "econs", "access-shape"}

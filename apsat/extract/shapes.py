@@ -3,14 +3,14 @@
 Every member of an e-class denotes the same value, so the class has one access shape (the
 e-graph's shape analysis refuses a class with two). The serialised graph holds only the
 language's nodes, not egglog's shape tables, so the shapes are derived again here from
-the registry's Python shape rules (apsat/egraph/ops.py): a class gets its shape from the
+the registry's Python shape rules (apsat/lang/ops.py): a class gets its shape from the
 first member whose children are shaped, repeated until nothing changes. Cost models read
 the result to count FLOPs and bytes.
 """
 from __future__ import annotations
 
-from apsat.egraph.ops import OPS
-from apsat.egraph.program import apply_shape_rule
+from apsat.lang.ops import OPS
+from apsat.lang.program import apply_shape_rule
 from apsat.errors import ShapeError
 from apsat.extract.decode import expr_child_classes, node_args
 from apsat.extract.graph import ExtractionGraph

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from apsat.egraph.ops import COMPUTE_OPS, OPS
+from apsat.lang.ops import COMPUTE_OPS, OPS
 from apsat.extract.decode import compute_op_term, expr_child_classes
 from apsat.extract.graph import ExtractionGraph
 

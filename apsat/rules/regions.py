@@ -16,10 +16,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from apsat.egraph.ops import EGG_NAMES, OPS
-from apsat.egraph.program import Program
-from apsat.egraph.syntax import to_text
-from apsat.egraph.term import Term
+from apsat.lang.ops import EGG_NAMES, OPS
+from apsat.lang.program import Program
+from apsat.lang.syntax import to_text
+from apsat.lang.term import Term
 
 PLACEHOLDER = "__region{}_in{}"  # region index, input index
 
@@ -198,7 +198,7 @@ def saturate_regions(eg, program: Program, run_plan) -> dict:
     shapes never meet), `run_plan(template_eg)` saturates them together once, and each
     occurrence is instantiated from its template's classes. Returns {"regions",
     "distinct", "reuse_rate", "seconds", "template_report", "template_nodes"}."""
-    from apsat.egraph.egraph import EGraph
+    from apsat.egraph.driver import EGraph
 
     start = time.perf_counter()
     order = program.terms()

@@ -1,5 +1,5 @@
 """Where independent small products run on a systolic accelerator, and what they cost:
-the groups of a grouped or depthwise convolution (apsat/extract/pair_product.py reads them
+the groups of a grouped or depthwise convolution (apsat/targets/pair_product.py reads them
 out of a dot-product over an access-pair) go one after another on the array, several
 depthwise filters at a time on the array, or on the vector unit. The extractor's systolic
 cost model and the backend (apsat/backends/systolic/grouped.py) both call pair_dot_cost,
@@ -16,7 +16,7 @@ VECTOR_OPS_PER_MAC = 3     # a dot-product on the vector unit: read, multiply, a
 @dataclass(frozen=True)
 class PairDotCost:
     """Where `groups` independent (m x k) . (k x n) products run (a grouped or depthwise
-    convolution, see apsat/extract/pair_product.py) and what they cost: on the array one
+    convolution, see apsat/targets/pair_product.py) and what they cost: on the array one
     product after the other (`array_cycles`, stalls included); on the array `batch`
     products at a time (`batched_cycles`; only for n = 1, a depthwise convolution: the
     batch's weights as a block-diagonal (batch x batch*k) matrix times its windows as a

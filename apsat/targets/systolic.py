@@ -59,6 +59,9 @@ from pathlib import Path
 
 from apsat.errors import ApsatError
 
+HOST_MACS_PER_CYCLE = 1.0       # a scalar host core, in accelerator cycles
+HOST_HANDOFF_CYCLES = 10_000.0  # synchronising with the host for one step
+
 DATAFLOWS = ("os", "ws", "is")
 FLEX = "flex"          # the array is configured per product: each GEMM takes its best dataflow
 # A flexible array takes, among the dataflows within this fraction of a product's fewest

@@ -20,10 +20,10 @@ from onnx import TensorProto, helper
 
 import apsat
 from apsat.backends import compute_semantics, reference
-from apsat.backends.reference import COMPUTE_EVALUATORS, EVALUATORS, EvaluationError, evaluate
-from apsat.egraph.ops import COMPUTE_OPS, OPS
-from apsat.egraph.program import OpaqueNode, Program
-from apsat.egraph.syntax import parse_term
+from apsat.lang.evaluate import COMPUTE_EVALUATORS, EVALUATORS, EvaluationError, evaluate
+from apsat.lang.ops import COMPUTE_OPS, OPS
+from apsat.lang.program import OpaqueNode, Program
+from apsat.lang.syntax import parse_term
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 OPSETS = (("", 17),)

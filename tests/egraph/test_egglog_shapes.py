@@ -9,10 +9,10 @@ Python rejects are flagged ill-shaped by egglog too.
 import pytest
 
 import apsat
-from apsat.egraph.egraph import EGraph, egg_term
-from apsat.egraph.ops import COMPUTE_OPS, OPS
-from apsat.egraph.syntax import parse_term
-from apsat.egraph.term import Term, postorder
+from apsat.explore.egraph import EGraph, egg_term
+from apsat.lang.ops import COMPUTE_OPS, OPS
+from apsat.lang.syntax import parse_term
+from apsat.lang.term import Term, postorder
 from apsat.errors import ShapeError
 
 SHAPES = {"t": (3, 32, 32), "w": (8, 3, 3, 3), "x": (3, 4), "y": (3, 4), "z": (4, 6),

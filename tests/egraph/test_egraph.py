@@ -4,9 +4,9 @@ import json
 import pytest
 
 import apsat
-from apsat.egraph.egraph import SORT_OF, EGraph
-from apsat.egraph.program import Program
-from apsat.egraph.term import Term
+from apsat.egraph.driver import SORT_OF, EGraph
+from apsat.lang.program import Program
+from apsat.lang.term import Term
 from apsat.errors import EGraphError, ParseError, ShapeError
 
 MATMUL = ("(compute dot-product (access-cartesian-product "

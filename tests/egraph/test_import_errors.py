@@ -11,8 +11,8 @@ from onnx import TensorProto, helper
 
 from models import make_model  # noqa: E402
 
-from apsat import zoo  # noqa: E402
-from apsat.egraph.importer import load_onnx  # noqa: E402
+from apsat.pipeline import zoo  # noqa: E402
+from apsat.frontend.importer import load_onnx  # noqa: E402
 from apsat.errors import ModelError  # noqa: E402
 
 RESNET = next(p for p in zoo.light_model_paths() if "resnet50" in p.name)

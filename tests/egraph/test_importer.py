@@ -21,9 +21,9 @@ import pytest
 import models  # noqa: E402
 from models import single_op  # noqa: E402
 
-from apsat import zoo  # noqa: E402
-from apsat.egraph.importer import load_onnx  # noqa: E402
-from apsat.egraph.lowering import LOWERINGS  # noqa: E402
+from apsat.pipeline import zoo  # noqa: E402
+from apsat.frontend.importer import load_onnx  # noqa: E402
+from apsat.frontend.lowering import LOWERINGS  # noqa: E402
 
 RNG = np.random.default_rng(0)
 

@@ -5,7 +5,7 @@ saturation report shows any overshoot."""
 import apsat
 import pytest
 
-from apsat.egraph.egraph import EGraph
+from apsat.explore.egraph import EGraph
 from apsat.rules.library import RuleLibrary
 
 # Every literal v < CAP begets 2v+1 and 2v+2: a binary tree of literals, the e-graph

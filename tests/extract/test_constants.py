@@ -4,16 +4,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from apsat.egraph.egraph import EGraph
-from apsat.egraph.importer import load_onnx
-from apsat.egraph.syntax import parse_term
+from apsat.explore.egraph import EGraph
+from apsat.frontend.importer import load_onnx
+from apsat.lang.syntax import parse_term
 from apsat.extract import extract
 from apsat.extract.constants import weight_only_nodes
 from apsat.extract.cost import cost_model
 from apsat.extract.decode import language_graph
 from apsat.extract.shapes import class_shapes
-from apsat.verify import verify_program
-from apsat.zoo import random_inputs
+from apsat.pipeline.verify import verify_program
+from apsat.pipeline.zoo import random_inputs
 
 
 def _graph(eg):

@@ -3,12 +3,12 @@ for fusion, materialisation and layout changes."""
 import pytest
 from models import shared_branch_convnet
 
-from apsat.egraph.egraph import EGraph
-from apsat.egraph.importer import load_onnx
-from apsat.egraph.syntax import parse_term
+from apsat.explore.egraph import EGraph
+from apsat.frontend.importer import load_onnx
+from apsat.lang.syntax import parse_term
 from apsat.extract import extract
-from apsat.verify import verify_program
-from apsat.zoo import random_inputs
+from apsat.pipeline.verify import verify_program
+from apsat.pipeline.zoo import random_inputs
 
 MATMUL_KERNELS = ("compute dot-product", "fused-dot-bias", "fused-dot-bias-act", "systolic-array")
 

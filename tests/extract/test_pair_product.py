@@ -1,13 +1,13 @@
 """Dot-products over access-pairs of broadcasts read as independent matrix products
-(apsat/extract/pair_product.py), and how the systolic cost model prices them."""
+(apsat/targets/pair_product.py), and how the systolic cost model prices them."""
 import pytest
 from models import grouped_convnet
 
-from apsat.egraph.egraph import EGraph
-from apsat.egraph.importer import load_onnx
+from apsat.explore.egraph import EGraph
+from apsat.frontend.importer import load_onnx
 from apsat.extract import extract
-from apsat.extract.cost_systolic import HOST_HANDOFF_CYCLES
-from apsat.extract.pair_product import PairProduct, pair_product
+from apsat.targets.systolic import HOST_HANDOFF_CYCLES
+from apsat.targets.pair_product import PairProduct, pair_product
 from apsat.targets.pair_dot import pair_dot_cost
 from apsat.targets.systolic import PRESETS, Accelerator, gemm_cost, vector_cycles
 

@@ -17,12 +17,12 @@ import re
 import numpy as np
 
 import apsat
-from apsat.backends.reference import evaluate
-from apsat.egraph.egraph import EGraph
-from apsat.egraph.program import Program
+from apsat.lang.evaluate import evaluate
+from apsat.explore.egraph import EGraph
+from apsat.lang.program import Program
 from apsat.errors import RuleError
 from apsat.rules.library import RuleLibrary
-from apsat.soundness import random_tensors, sample_members
+from apsat.pipeline.soundness import random_tensors, sample_members
 
 RTOL, ATOL = 1e-4, 1e-5
 _LIBRARY = None

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 import apsat
-from apsat.backends.reference import evaluate
-from apsat.egraph.egraph import EGraph
+from apsat.lang.evaluate import evaluate
+from apsat.explore.egraph import EGraph
 from apsat.rules.library import RuleLibrary
 from harness import (ATOL, RTOL, check_reaches, check_refuses, check_sound, fired, members,
                      random_tensors, run_rule)
@@ -165,7 +165,7 @@ def test_rule_names_in_this_file():
 def test_algebra_on_resnet50_is_bounded():
     """The family on a whole light ResNet-50 saturates quickly and stays small."""
     import onnx
-    from apsat import zoo
+    from apsat.pipeline import zoo
     path = next(p for p in zoo.light_model_paths() if "resnet50" in p.name)
     m = apsat.load_onnx(zoo.randomize_weights(onnx.load(str(path)), seed=0))
     eg = EGraph()

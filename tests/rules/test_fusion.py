@@ -9,13 +9,13 @@ import onnx
 import pytest
 
 import apsat
-from apsat import zoo
-from apsat.backends.reference import evaluate
-from apsat.egraph.egraph import EGraph
-from apsat.egraph.ops import OPS
-from apsat.egraph.term import postorder
+from apsat.pipeline import zoo
+from apsat.lang.evaluate import evaluate
+from apsat.explore.egraph import EGraph
+from apsat.lang.ops import OPS
+from apsat.lang.term import postorder
 from apsat.rules.library import RuleLibrary
-from apsat.verify import verify_program
+from apsat.pipeline.verify import verify_program
 from harness import check_reaches, check_refuses, check_sound
 
 import models
@@ -474,7 +474,8 @@ def test_onnx_elementwise_run_becomes_one_chain_kernel(ops, chain):
 def test_gpu_cost_model_prices_a_chain_as_one_kernel():
     """The chain costs what one element-wise kernel over its operand costs: one launch,
     its operand read once and its result written once, the parts' arithmetic summed."""
-    from apsat.extract.cost_gpu import LAUNCH_US, GpuRoofline
+    from apsat.extract.cost_gpu import GpuRoofline
+    from apsat.targets.gpu import LAUNCH_US
 
     shapes = {"x": (256, 1024), "y": (256, 1024)}
     pair = "(access-pair (access (access-tensor x) 2) (access (access-tensor y) 2))"

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import apsat
-from apsat.backends.reference import evaluate
-from apsat.egraph.egraph import EGraph
-from apsat.egraph.program import Program
+from apsat.lang.evaluate import evaluate
+from apsat.explore.egraph import EGraph
+from apsat.lang.program import Program
 from apsat.errors import EGraphError, RuleError
 from apsat.extract.decode import decode, language_graph
 from apsat.extract.tree import extract_tree

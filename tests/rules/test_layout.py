@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import apsat
-from apsat.backends.reference import evaluate
+from apsat.lang.evaluate import evaluate
 from harness import (RTOL, ATOL, check_collapses, check_reaches, check_refuses, check_sound, fired, library, members,
                      random_tensors, run_rule, saturate_family)
 

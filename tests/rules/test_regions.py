@@ -4,11 +4,11 @@ import onnx
 import pytest
 
 import apsat
-from apsat.egraph.egraph import EGraph
+from apsat.explore.egraph import EGraph
 from apsat.extract import extract
 from apsat.rules.regions import find_regions
-from apsat.verify import verify_program
-from apsat.zoo import light_model_paths, random_inputs, randomize_weights
+from apsat.pipeline.verify import verify_program
+from apsat.pipeline.zoo import light_model_paths, random_inputs, randomize_weights
 
 RESNET = next(p for p in light_model_paths() if "resnet50" in p.name)
 
@@ -18,7 +18,7 @@ def test_regions_cut_at_shared_values_and_share_keys():
     text = "(compute relu (access (access-tensor x) 1))"
     prog = apsat.parse(text, {"x": (4, 8)})
     x = prog.root
-    from apsat.egraph.term import Term
+    from apsat.lang.term import Term
 
     def block(inp, w):
         prod = Term("compute", (Term("dot-product", ()), Term("access-cartesian-product", (

@@ -19,11 +19,11 @@ import onnx
 import pytest
 
 import apsat
-from apsat.api import optimize
-from apsat.backends.reference import evaluate
-from apsat.egraph.egraph import EGraph
-from apsat.verify import verify_program
-from apsat.zoo import light_model_paths, logits_output, random_inputs, randomize_weights
+from apsat.pipeline.optimize import optimize
+from apsat.lang.evaluate import evaluate
+from apsat.explore.egraph import EGraph
+from apsat.pipeline.verify import verify_program
+from apsat.pipeline.zoo import light_model_paths, logits_output, random_inputs, randomize_weights
 from harness import ATOL, RTOL, check_reaches, check_refuses, check_sound, library, random_tensors
 
 SYS = "systolic:4x4"

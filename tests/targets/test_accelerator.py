@@ -141,7 +141,7 @@ def test_accelerator_validation(kw, message):
 
 
 def test_egraph_reads_the_accelerator_size_from_a_toml_target(tmp_path):
-    from apsat.egraph.egraph import EGraph
+    from apsat.explore.egraph import EGraph
 
     p = _toml(tmp_path, "rows = 16\ncols = 8\n")
     eg = EGraph(target=f"systolic:{p}")

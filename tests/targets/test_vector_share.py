@@ -61,7 +61,7 @@ def test_k_chunks_are_near_equal_and_cover_the_row():
 @pytest.mark.parametrize("acc", [FLEX32, PRESETS["32x32"]], ids=["flex", "os"])
 def test_the_extractor_prices_a_one_row_product_as_the_backend_splits_it(acc):
     import apsat
-    from apsat.egraph.egraph import EGraph
+    from apsat.explore.egraph import EGraph
     from apsat.extract import extract
 
     text = ("(fused-dot-bias-act relu (access (access-tensor a) 1) (access (access-tensor w) 1) "

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 
 from apsat.backends.gpu.expr import Ix
-from apsat.egraph.program import Program
-from apsat.extract.cost_gpu import BYTES, LAUNCH_US, PCIE_BYTES_PER_US, GpuRoofline
+from apsat.lang.program import Program
+from apsat.targets.gpu import BYTES, LAUNCH_US, PCIE_BYTES_PER_US, Roofline
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Kernel:
     @property
     def modelled_us(self) -> float:
         """Roofline time on an H100 (apsat/extract/cost_gpu.py), fp32."""
-        return GpuRoofline("fp32").kernel_us(self.flops, self.elements_read + self.elements_written,
+        return Roofline("fp32").kernel_us(self.flops, self.elements_read + self.elements_written,
                                              self.kind == "gemm")
 
 

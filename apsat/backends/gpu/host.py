@@ -33,7 +33,7 @@ def _numpy(x):
 
 def evaluate_step(program, tensors: dict) -> np.ndarray:
     """The host step's result (float32 numpy) from its tensors (buffer name -> array)."""
-    from apsat.backends.reference import evaluate
+    from apsat.lang.evaluate import evaluate
 
     return evaluate(program, {name: _numpy(x) for name, x in tensors.items()})
 

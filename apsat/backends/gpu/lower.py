@@ -46,8 +46,8 @@ from apsat.backends.gpu.views import (
     is_elementwise,
     n_iter,
 )
-from apsat.egraph.program import Program
-from apsat.egraph.term import Term
+from apsat.lang.program import Program
+from apsat.lang.term import Term
 
 # Arithmetic per evaluation of a kernel function (the figures of apsat/extract/workload.py).
 FN_FLOPS = {"add": 1, "sub": 1, "mul": 1, "div": 1, "max": 1, "min": 1, "neg": 1, "abs": 1,

@@ -19,8 +19,8 @@ import math
 from apsat.backends.gpu.emit import used_vars
 from apsat.backends.gpu.expr import call, const, var
 from apsat.backends.gpu.views import Values, unary
-from apsat.egraph.ops import chain_parts
-from apsat.egraph.term import Term
+from apsat.lang.ops import chain_parts
+from apsat.lang.term import Term
 
 ACC = ("sym", "acc")
 MATRIX_ATOMS = frozenset({"fused-dot-bias", "fused-dot-bias-act", "systolic-array"})

@@ -15,7 +15,7 @@ kernel keeps and the report shows; callers may pass their own dict instead.
 """
 from __future__ import annotations
 
-from apsat.extract.cost_gpu import HBM_BYTES_PER_US, LAUNCH_US, TFLOPS
+from apsat.targets.gpu import HBM_BYTES_PER_US, LAUNCH_US, TFLOPS
 
 SMS = 132                       # H100 SXM streaming multiprocessors
 SMEM_PER_SM = 228 * 1024        # bytes of shared memory per SM

@@ -363,7 +363,7 @@ def resource_usage(cubin: bytes) -> dict:
 # ---- running ---------------------------------------------------------------------------------
 
 def run(program, inputs: dict, *, tiles: dict | None = None, device=None, directory=None):
-    """Run `program` with its kernels; the contract of apsat.backends.reference.evaluate.
+    """Run `program` with its kernels; the contract of apsat.lang.evaluate.evaluate.
 
     inputs: every tensor the program reads (numpy arrays or torch tensors). Returns one
     float32 numpy array for a single-output program, else {output name: array}.

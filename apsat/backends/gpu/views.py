@@ -32,8 +32,8 @@ from apsat.backends.gpu.expr import (
     unflat,
     where,
 )
-from apsat.egraph.ops import chain_parts
-from apsat.egraph.term import Term
+from apsat.lang.ops import chain_parts
+from apsat.lang.term import Term
 from apsat.errors import ApsatError
 
 # Element-wise compute operators: one output element from the same element of the

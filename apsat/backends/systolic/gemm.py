@@ -107,7 +107,7 @@ def _after_add(text: str) -> str | None:
     """For an element-wise operator that adds first (`elementwise-add`, or a chain of it
     and unary maps): the text of what follows the add ("" for nothing); else None."""
     from apsat.backends.systolic.vector import op_text, operator_term
-    from apsat.egraph.ops import chain_parts
+    from apsat.lang.ops import chain_parts
 
     first, *rest = (op_text(p) for p in chain_parts(operator_term(text)))
     if first != "elementwise-add":

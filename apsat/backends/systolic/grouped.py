@@ -1,7 +1,7 @@
 """Grouped and depthwise convolutions: `compute dot-product (access-pair A B)`.
 
 The importer writes a grouped convolution as a dot-product over a pair of broadcasts
-(apsat/extract/pair_product.py reads it as `groups` independent (m x k) . (k x n)
+(apsat/targets/pair_product.py reads it as `groups` independent (m x k) . (k x n)
 products). `targets.pair_dot.pair_dot_cost` decides where they run, the same call the
 extractor's cost model makes:
 
@@ -32,7 +32,7 @@ import math
 from apsat.backends.systolic import gemm
 from apsat.backends.systolic.isa import Operand, Region, Slot, Store, Vec
 from apsat.backends.systolic.views import dims_after
-from apsat.extract.pair_product import PairProduct, pair_product
+from apsat.targets.pair_product import PairProduct, pair_product
 from apsat.targets.pair_dot import pair_dot_cost
 
 

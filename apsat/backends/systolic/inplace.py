@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from apsat.egraph.term import Term
+from apsat.lang.term import Term
 
 GEMM_OPS = ("systolic-array", "fused-dot-bias", "fused-dot-bias-act")
 

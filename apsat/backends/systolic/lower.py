@@ -49,9 +49,9 @@ import math
 from apsat.backends.systolic import gemm, inplace, vector
 from apsat.backends.systolic.isa import SCRATCHPADS, Buffer, Copy, Group, Host, Load, Region, Slot, Stream, View
 from apsat.backends.systolic.views import dims_after, footprint
-from apsat.egraph.program import Program
-from apsat.egraph.syntax import to_text
-from apsat.egraph.term import ATTRIBUTE_OPS, Term
+from apsat.lang.program import Program
+from apsat.lang.syntax import to_text
+from apsat.lang.term import ATTRIBUTE_OPS, Term
 from apsat.errors import ApsatError
 from apsat.extract.workload import COPY_OPS, VIEW_OPS
 from apsat.targets.systolic import Accelerator
@@ -396,7 +396,7 @@ def compile_program(program: Program, accel: Accelerator, weights=(), im2col: st
 
 def host_program(stream: Stream, ins: Host) -> Program:
     """The single-output Program a HOST instruction runs (tensors are DRAM buffers)."""
-    from apsat.egraph.syntax import parse_term
+    from apsat.lang.syntax import parse_term
 
     term = parse_term(ins.term)
     shapes = {n: b.dims for n, b in stream.buffers.items()}

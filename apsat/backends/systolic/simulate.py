@@ -5,7 +5,7 @@ stationary block. Every instruction reads only what earlier instructions put whe
 reads: a MATMUL takes its operands from scratchpad blocks that LOADs wrote (or from the
 PRELOADed array), so a lowering that forgot a load, reused a half too early or stored to
 the wrong region produces a wrong number or a SimulationError, never the right answer
-by accident. Arithmetic is float32 (operators through apsat.backends.compute_semantics,
+by accident. Arithmetic is float32 (operators through apsat.lang.semantics,
 the reference interpreter's own semantics); sums over k-chunks and partial sums drained
 per row fold are added in a different order than one matmul, so results agree with the
 reference to float32 rounding, not bit for bit (see tests for the tolerances).
@@ -16,7 +16,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from apsat.backends.compute_semantics import LazyPair, apply_compute
+from apsat.lang.semantics import LazyPair, apply_compute
 from apsat.backends.systolic import views as V
 from apsat.backends.systolic.isa import (ARRAY, DOT_MODES, SCRATCHPADS, Copy, Host, Load, Matmul, Operand,
                                          Preload, Slot, Store, Stream, Vec)
@@ -207,7 +207,7 @@ class Machine:
         return y.reshape(x.shape[0], -1)
 
     def _host(self, ins: Host) -> None:
-        from apsat.backends.reference import evaluate
+        from apsat.lang.evaluate import evaluate
         from apsat.backends.systolic.lower import host_program
 
         prog = self._hosts.get(id(ins))

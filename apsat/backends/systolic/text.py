@@ -38,7 +38,7 @@ import numpy as np
 from apsat.backends.systolic.isa import (ARRAY, Buffer, Copy, Group, Host, Load, Matmul, Operand,
                                          Preload, Region, Slot, Store, Stream, Vec, View)
 from apsat.backends.systolic.views import dims_after, parse_step, step_text
-from apsat.egraph.program import OpaqueNode
+from apsat.lang.program import OpaqueNode
 from apsat.errors import ApsatError
 from apsat.targets.systolic import Accelerator
 

@@ -35,10 +35,10 @@ import math
 
 from apsat.backends.systolic.isa import ARRAY, DOT_MODES, Copy, Host, Load, Matmul, Preload, Store, Stream, Vec
 from apsat.backends.systolic.vector import operator_term
-from apsat.extract.cost_systolic import HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE
 from apsat.extract.workload import operator_flops
 from apsat.targets.pair_dot import VECTOR_OPS_PER_MAC
-from apsat.targets.systolic import OS_BLOCKED, dram_cycles, gemm_cost, vector_cycles
+from apsat.targets.systolic import (HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE, OS_BLOCKED, dram_cycles,
+                                    gemm_cost, vector_cycles)
 
 UNITS = ("dma.ifmap", "dma.filter", "dma.ofmap", "array", "vector", "host")
 _KEEP = 64          # events kept per resource (older ones are long finished)

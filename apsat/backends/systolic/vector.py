@@ -31,7 +31,7 @@ from functools import lru_cache
 
 from apsat.backends.systolic import inplace
 from apsat.backends.systolic.isa import Copy, Operand, Region, Slot, Store, Vec
-from apsat.egraph.ops import COMPUTE_OPS
+from apsat.lang.ops import COMPUTE_OPS
 
 UNARY = frozenset({"relu", "negative", "sqrt", "exp", "erf", "tanh", "sigmoid", "clip", "gelu"})
 PAIRWISE = frozenset({"elementwise-add", "elementwise-mul", "elementwise-sub", "elementwise-div",
@@ -47,7 +47,7 @@ def op_text(op) -> str:
     (a chain over n-ary operands whose item does not fit a scratchpad half is a HOST step:
     FIRST_AXIS names no chain); the simulator evaluates the text through
     compute_semantics, which applies the parts in order."""
-    from apsat.egraph.syntax import compute_op_text
+    from apsat.lang.syntax import compute_op_text
 
     return compute_op_text(op)
 
@@ -63,7 +63,7 @@ def parse_op(text: str) -> tuple[str, tuple]:
 def operator_term(text: str):
     """The operator term op_text wrote as `text`. Cached: the simulator and the cycle model
     read it for every VEC of a stream, and a stream repeats a few operators many times."""
-    from apsat.egraph.syntax import parse_compute_op
+    from apsat.lang.syntax import parse_compute_op
 
     return parse_compute_op(text)
 
@@ -71,7 +71,7 @@ def operator_term(text: str):
 def op_parts(op) -> tuple[str, ...]:
     """Names of the operators `op` applies, in order: a chain's parts (F first, then its
     unary maps), else just op's name. A chain runs as map or zip like its parts would."""
-    from apsat.egraph.ops import chain_parts
+    from apsat.lang.ops import chain_parts
 
     return tuple(part.op for part in chain_parts(op))
 

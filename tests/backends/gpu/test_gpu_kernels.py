@@ -43,8 +43,8 @@ def test_reduction_rows_split_over_programs(triton_run):
 
 def test_several_outputs(triton_run):
     """A program with two outputs, one a view of the other's input (copied out)."""
-    from apsat.egraph.program import Program
-    from apsat.egraph.syntax import parse_term
+    from apsat.lang.program import Program
+    from apsat.lang.syntax import parse_term
 
     relu = parse_term("(compute relu (access-tensor x))")
     view = parse_term("(access-transpose (access-tensor x) (list 1 0))")

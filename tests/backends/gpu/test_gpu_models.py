@@ -1,5 +1,5 @@
 """End to end under the Triton interpreter: models optimised for the gpu target, run by
-their generated kernels, equal onnxruntime on the original model (apsat.verify's
+their generated kernels, equal onnxruntime on the original model (apsat.pipeline.verify's
 tolerances: rtol 1e-4, atol 1e-5 x the output's scale), and the unsupported parts run as
 named host steps."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ from onnx import helper
 
 import apsat
 from apsat.backends.gpu.lower import lower
-from apsat.verify import compare
-from apsat.zoo import ort_run, random_inputs
+from apsat.pipeline.verify import compare
+from apsat.pipeline.zoo import ort_run, random_inputs
 
 
 def _check(model, triton_run, **kwargs):

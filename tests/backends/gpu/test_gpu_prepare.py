@@ -1,6 +1,6 @@
 """Weight-only work on the GPU target: BatchNorm folded into a convolution's weights runs
 in the runner's `prepare` step, once, and the per-inference steps equal onnxruntime
-(apsat.verify's tolerances) with or without the prepared buffers passed in."""
+(apsat.pipeline.verify's tolerances) with or without the prepared buffers passed in."""
 from __future__ import annotations
 
 import models
@@ -10,8 +10,8 @@ import apsat
 from apsat.backends.gpu.lower import lower
 from apsat.backends.gpu.runner import load_runner, write_sources
 from apsat.backends.gpu.write import write_kernels
-from apsat.verify import compare
-from apsat.zoo import ort_run, random_inputs
+from apsat.pipeline.verify import compare
+from apsat.pipeline.zoo import ort_run, random_inputs
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from onnx import helper
 import apsat
 from apsat.backends.gpu import cuda
 from apsat.backends.gpu.write import write_kernels
-from apsat.zoo import ort_run, random_inputs
+from apsat.pipeline.zoo import ort_run, random_inputs
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_host_steps_are_reported(tmp_path):
 def test_written_runner_runs(mlp, tmp_path, triton_run):
     """The runner module in DIR, imported on its own, equals onnxruntime."""
     from apsat.backends.gpu.runner import load_runner
-    from apsat.verify import compare
+    from apsat.pipeline.verify import compare
 
     write_kernels(mlp.program, tmp_path, compile=False)
     inputs = random_inputs(mlp.model, 0)

@@ -4,7 +4,7 @@ Tolerances (float32 throughout): the simulator adds a GEMM's k-chunks and, under
 its per-row-fold partial sums in a different order than the reference interpreter's one
 matmul, so products of a few hundred terms differ by a few ulps: rtol 1e-5 / atol 1e-5
 for the small programs here (values of order 1..30). Against onnxruntime on whole models
-the project's verification tolerance applies (apsat.verify: rtol 1e-4, atol 1e-5 times
+the project's verification tolerance applies (apsat.pipeline.verify: rtol 1e-4, atol 1e-5 times
 the output's scale), for the reasons given there.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 import apsat
 from apsat.backends import systolic as sab
-from apsat.backends.reference import evaluate
+from apsat.lang.evaluate import evaluate
 from apsat.targets.systolic import Accelerator
 
 RTOL, ATOL = 1e-5, 1e-5

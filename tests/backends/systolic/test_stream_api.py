@@ -9,7 +9,7 @@ import onnx
 import pytest
 from models import small_convnet
 
-from apsat.api import optimize
+from apsat.pipeline.optimize import optimize
 from apsat.backends import systolic as sab
 from apsat.cli import main
 

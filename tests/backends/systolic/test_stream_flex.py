@@ -94,7 +94,7 @@ def test_each_product_runs_in_its_own_dataflow_and_matches_the_reference():
     acc = small_acc("flex", kb=2)
     stream, got, want = run_both(TWO, TWO_SHAPES, acc)
     # two chained products of 200 and 40 terms: outputs of order 100, so near-zero
-    # entries carry cancellation error; atol scales with the output (apsat.verify's rule)
+    # entries carry cancellation error; atol scales with the output (apsat.pipeline.verify's rule)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
     groups = [g for g in stream.groups.values() if g.kind == "gemm"]
     chosen = {(g.m, g.k, g.n): g.dataflow for g in groups}

@@ -1,7 +1,7 @@
 """Light zoo models end to end on the 32x32 preset: optimise (random weights), compile to an
 instruction stream, simulate, compare with onnxruntime on the original model.
 
-Tolerance: the project's verification tolerance (apsat.verify: rtol 1e-4, atol 1e-5 times
+Tolerance: the project's verification tolerance (apsat.pipeline.verify: rtol 1e-4, atol 1e-5 times
 the output's scale), for the reasons given there; the simulator also sums each GEMM in
 k-chunks (and ws/is partial sums per row fold), a different order again. The logits before
 a final Softmax are compared too (logits_output), since the Softmax hides errors.
@@ -15,12 +15,12 @@ import onnx
 import pytest
 
 import apsat
-from apsat.api import optimize
+from apsat.pipeline.optimize import optimize
 from apsat.backends import systolic as sab
 from apsat.backends.systolic import Matmul
-from apsat.egraph.egraph import EGraph
-from apsat.verify import compare
-from apsat.zoo import light_model_paths, logits_output, ort_run, random_inputs, randomize_weights
+from apsat.explore.egraph import EGraph
+from apsat.pipeline.verify import compare
+from apsat.pipeline.zoo import light_model_paths, logits_output, ort_run, random_inputs, randomize_weights
 
 LIGHT = {p.stem.replace("light_", ""): p for p in light_model_paths()}
 

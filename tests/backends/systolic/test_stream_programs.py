@@ -10,10 +10,10 @@ from sa_helpers import DATAFLOWS, assert_close, conv_text, run_both, small_acc
 
 import apsat
 from apsat.backends import systolic as sab
-from apsat.backends.reference import evaluate
+from apsat.lang.evaluate import evaluate
 from apsat.backends.systolic import Copy, Host, Load, Matmul, Preload, Store, Vec
 from apsat.backends.systolic.vector import PAIRWISE
-from apsat.egraph.ops import COMPUTE_OPS
+from apsat.lang.ops import COMPUTE_OPS
 from apsat.errors import ApsatError
 from apsat.targets.systolic import Accelerator
 
@@ -225,7 +225,7 @@ CHAINS = [
 def test_chain_operator_is_one_vec_instruction(op, operand, mode):
     from apsat.backends.systolic.timing import vec_cycles
     from apsat.extract.workload import operator_flops
-    from apsat.egraph.syntax import parse_compute_op
+    from apsat.lang.syntax import parse_compute_op
     from apsat.targets.systolic import vector_cycles
 
     rng = np.random.default_rng(1)

@@ -21,13 +21,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from apsat.egraph.folding import Const, FoldError, fold, fold_shape
-from apsat.egraph.lowering import LOWERINGS, BadAttribute, NodeCtx, NodeProblem
-from apsat.egraph.lowering_tensor import Builder, Unlowerable
-from apsat.egraph.program import OpaqueNode, Program
-from apsat.egraph.term import Term
+from apsat.frontend.folding import Const, FoldError, fold, fold_shape
+from apsat.frontend.lowering import LOWERINGS, BadAttribute, NodeCtx, NodeProblem
+from apsat.frontend.lowering_tensor import Builder, Unlowerable
+from apsat.lang.program import OpaqueNode, Program
+from apsat.lang.term import Term
 from apsat.errors import ModelError, ShapeError
-from apsat.model import Model
+from apsat.frontend.model import Model
 
 __all__ = ["load_onnx", "LOWERINGS"]
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 import re
 
-from apsat.egraph.ops import COMPUTE_OPS, EGG_NAMES, OPS, PAD_TYPES
-from apsat.egraph.term import Term
+from apsat.lang.ops import COMPUTE_OPS, EGG_NAMES, OPS, PAD_TYPES
+from apsat.lang.term import Term
 from apsat.errors import ParseError
 
 VAR = "?var"  # op name of a pattern variable term: Term(VAR, (name,))
@@ -287,7 +287,7 @@ def _param_text(kind: str, value, operator, integer) -> str:
 
 def to_text(term: Term) -> str:
     """Surface syntax of a term (shared sub-terms are written out at each use)."""
-    from apsat.egraph.term import postorder
+    from apsat.lang.term import postorder
 
     text: dict[int, str] = {}
     for t in postorder(term):
@@ -304,7 +304,7 @@ def to_dag_text(outputs: dict[str, Term]) -> str:
     """Text of a program that stays linear in its DAG size: every term used more than once
     is bound once (`%N = EXPR`, children first) and referred to by name; single-use terms
     are written inline. Ends with one `output NAME = EXPR` line per output."""
-    from apsat.egraph.term import postorder
+    from apsat.lang.term import postorder
 
     order = postorder(list(outputs.values()))
     uses: dict[int, int] = {}

@@ -19,8 +19,8 @@ import math
 
 import numpy as np
 
-from apsat.egraph.ops import OPS, AccessShape
-from apsat.egraph.term import Term
+from apsat.lang.ops import OPS, AccessShape
+from apsat.lang.term import Term
 
 
 class Unlowerable(Exception):

@@ -8,7 +8,7 @@
 of each output's access shape. Problems raise `EvaluationError` (an ApsatError and a
 ValueError) naming the tensor, op or opaque call.
 
-Values: see apsat.backends.compute_semantics. Access ops return numpy views wherever numpy
+Values: see apsat.lang.semantics. Access ops return numpy views wherever numpy
 can (windows, transposes, slices, broadcasts), `access-cartesian-product` and `access-pair`
 return lazy values, and a cartesian product consumed by `compute dot-product` becomes a
 matmul, so VGG19's first convolution written literally (~3.7e9 elements) costs its
@@ -27,10 +27,10 @@ from collections import Counter
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from apsat.backends.compute_semantics import (COMPUTE_EVALUATORS, EvaluationError, LazyCartesian,
+from apsat.lang.semantics import (COMPUTE_EVALUATORS, EvaluationError, LazyCartesian,
                                               LazyPair, apply_compute, contract, dense, lazy_ok)
-from apsat.egraph.program import OpaqueNode, Program
-from apsat.egraph.term import Term
+from apsat.lang.program import OpaqueNode, Program
+from apsat.lang.term import Term
 
 __all__ = ["evaluate", "EVALUATORS", "COMPUTE_EVALUATORS", "EvaluationError"]
 

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from apsat.egraph.term import ATTRIBUTE_OPS
+from apsat.lang.term import ATTRIBUTE_OPS
 from apsat.errors import ShapeError
 
 Dims = tuple[int, ...]

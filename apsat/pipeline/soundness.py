@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from apsat.backends.reference import evaluate
-from apsat.egraph.program import Program, parse
+from apsat.lang.evaluate import evaluate
+from apsat.lang.program import Program, parse
 from apsat.extract.check import InvalidExtraction, check_extraction
 from apsat.extract.decode import decode, language_graph
 from apsat.extract.tree import extract_tree
@@ -88,14 +88,15 @@ def check_soundness(program, shapes: dict, rules, target: str = "gpu", seed: int
     rule-file paths, as EGraph.saturate takes them; `library` a RuleLibrary holding user
     files) and compare up to `samples` members of the root e-class with the original on
     seeded random inputs. Never raises for a mismatch: the report says what differed."""
-    from apsat.egraph.egraph import EGraph
+    from apsat.egraph.driver import EGraph
+    from apsat.rules.saturate import saturate
 
     original = parse(program, shapes) if isinstance(program, str) else program
     eg = EGraph(target=target)
     if library is not None:
         eg.library = library
     root = eg.add(original)
-    report = eg.saturate(rules, **limits)
+    report = saturate(eg, rules, **limits)
     matches: dict = {}
     for phase in report["phases"]:
         for rule, n in phase["rule_matches"].items():

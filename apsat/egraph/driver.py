@@ -23,15 +23,15 @@ import time
 from egglog import bindings
 
 from apsat.egraph import bursts, egglog_io
-from apsat.egraph.ops import COMPUTE_OPS, OPS, PAD_TYPES
-from apsat.egraph.program import Program
-from apsat.egraph.syntax import VAR, egg_ints, egg_node, egg_string, parse_term
-from apsat.egraph.term import Term, postorder
+from apsat.lang.ops import COMPUTE_OPS, OPS, PAD_TYPES
+from apsat.lang.program import Program
+from apsat.lang.syntax import VAR, egg_ints, egg_node, egg_string, parse_term
+from apsat.lang.term import Term, postorder
 from apsat.errors import EGraphError, ShapeError
 
 LANGUAGE = egglog_io.language_text()
 from apsat.targets import parse_target  # noqa: E402
-from apsat.egraph.ops import EGG_NAMES as EGG_RENAME  # noqa: E402  (see ops.EGG_NAMES)
+from apsat.lang.ops import EGG_NAMES as EGG_RENAME  # noqa: E402  (see ops.EGG_NAMES)
 _EGG_TO_REGISTRY = {v: k for k, v in EGG_RENAME.items()}
 # Constructors the serialized e-graph keeps (analysis tables and handles are left out).
 SORT_OF = {**{op: "Expr" for op in OPS},
@@ -270,17 +270,6 @@ class EGraph:
             total += sum(self._rule_sizes.get(name, ()))
         return total
 
-    def saturate(self, rules=None, iter_limit: int = 30, node_limit: int = 100_000,
-                 time_limit: float = 10.0, progress=None, regions=None) -> dict:
-        """Saturate with `rules` (ruleset names or rule-file paths, one phase under these
-        limits) or, without rules, the target's default phase plan; returns the
-        saturation report (see apsat.rules.saturate). `regions`: a Program added
-        earlier, to saturate region by region with reuse (apsat.rules.regions)."""
-        from apsat.rules.saturate import saturate
-
-        return saturate(self, rules, iter_limit=iter_limit, node_limit=node_limit,
-                        time_limit=time_limit, progress=progress, regions=regions)
-
     def _saturate_shapes(self, time_limit: float = 120.0) -> None:
         """Run `shapes` to a fixpoint in bursts of 64 iterations (idle ones cost ~40 us),
         then check. Why not `(saturate ...)`: a rule file that adds a looping rule to
@@ -435,29 +424,3 @@ class EGraph:
     def __repr__(self) -> str:
         nodes, classes = self.size()
         return f"<EGraph target={self.target!r} nodes={nodes} classes={classes} outputs={list(self.outputs)}>"
-
-    # ---- interactive use (Jupyter); the work is in apsat.explore ---------------------------
-
-    def view(self, root=None, depth: int | None = 2, max_classes: int = 150):
-        """An EGraphView of the e-classes within `depth` child steps of `root` (a handle;
-        None: every output), at most `max_classes`; shows itself as SVG in Jupyter."""
-        from apsat.explore import view
-
-        return view(self, root, depth, max_classes)
-
-    def step(self, name: str, **limits):
-        """Run one phase of the target's default plan (by phase name) or one ruleset and
-        return a StepReport (sizes before/after, matches per rule, stop reason)."""
-        from apsat.explore import step
-
-        return step(self, name, **limits)
-
-    def eclass(self, handle, cost=None):
-        """EClassInfo: the members of `handle`'s e-class with shapes and own costs."""
-        from apsat.explore import eclass
-
-        return eclass(self, handle, cost)
-
-    def _repr_html_(self) -> str:
-        # Small e-graphs draw whole; larger ones draw their outputs' neighbourhood.
-        return self.view(None, depth=None if self.size()[0] <= 60 else 2)._repr_html_()

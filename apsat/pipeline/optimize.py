@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apsat.egraph.program import Program
+from apsat.lang.program import Program
 from apsat.errors import ApsatError
 
 
@@ -28,7 +28,7 @@ class OptimizeResult:
     def run(self, inputs: dict) -> dict:
         """Evaluate the optimised program (reference interpreter) with the model's weights;
         returns output name -> array."""
-        from apsat.backends.reference import evaluate
+        from apsat.lang.evaluate import evaluate
 
         out = evaluate(self.program, {**self.model.weights, **inputs})
         return out if isinstance(out, dict) else {next(iter(self.program.outputs)): out}
@@ -40,7 +40,7 @@ class OptimizeResult:
         compiled instruction stream, apsat.backends.systolic) and simulated_outputs.npz
         (the simulator's outputs on the seeded inputs); its cycle report and the
         simulator's comparison with onnxruntime are in report.json under "systolic"."""
-        from apsat.egraph.syntax import to_dag_text
+        from apsat.lang.syntax import to_dag_text
 
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -75,8 +75,9 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
         fold_copies, fuse_zips; see apsat.backends.systolic.lower); None follows the cost
         model. ApsatError for another target or an unknown option.
     """
-    from apsat.egraph.egraph import EGraph
-    from apsat.egraph.importer import load_onnx
+    from apsat.egraph.driver import EGraph
+    from apsat.rules.saturate import saturate
+    from apsat.frontend.importer import load_onnx
     from apsat.extract import extract
 
     _check_lowering(target, lowering)
@@ -99,8 +100,8 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
 
     t = time.perf_counter()
     tell("saturate")
-    saturation = eg.saturate(rules if rules else None, iter_limit=iter_limit, node_limit=node_limit,
-                             time_limit=time_limit, regions=m.program if regions else None) \
+    saturation = saturate(eg, rules if rules else None, iter_limit=iter_limit, node_limit=node_limit,
+                          time_limit=time_limit, regions=m.program if regions else None) \
         if rules is not False else {"phases": [], "skipped": []}
     nodes, classes = eg.size()
     seconds["saturate"] = time.perf_counter() - t
@@ -126,8 +127,8 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
         "seconds": seconds,
     }
     if verify:
-        from apsat.verify import verify_program
-        from apsat.zoo import random_inputs
+        from apsat.pipeline.verify import verify_program
+        from apsat.pipeline.zoo import random_inputs
 
         t = time.perf_counter()
         tell("verify")
@@ -185,8 +186,8 @@ def _systolic_backend(m, program, target, report, seconds, seed, tell, lowering)
     if tgt.kind != "systolic":
         return None, None
     from apsat.backends import systolic
-    from apsat.verify import compare
-    from apsat.zoo import ort_run, random_inputs
+    from apsat.pipeline.verify import compare
+    from apsat.pipeline.zoo import ort_run, random_inputs
 
     t = time.perf_counter()
     tell("systolic backend")

@@ -1,6 +1,6 @@
 """Model: an imported ONNX model, its program in the access-pattern language and weights.
 
-    model = apsat.model.load_onnx("resnet50.onnx")
+    model = apsat.frontend.model.load_onnx("resnet50.onnx")
     model.inputs              # {"data": (1, 3, 224, 224)}: true inputs only
     model.run({"data": x})    # {"prob": array}: the program on the reference interpreter
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from apsat.egraph.program import Program
+from apsat.lang.program import Program
 from apsat.errors import ModelError
 
 
@@ -32,7 +32,7 @@ class Model:
 
     def run(self, inputs: dict) -> dict[str, np.ndarray]:
         """Evaluate the program with the reference interpreter: {output name: array}."""
-        from apsat.backends.reference import evaluate
+        from apsat.lang.evaluate import evaluate
 
         missing = sorted(set(self.inputs) - set(inputs))
         extra = sorted(set(inputs) - set(self.inputs))
@@ -69,7 +69,7 @@ def _op_type(node_bytes: bytes) -> str:
 
 
 def load_onnx(source, input_shapes: dict | None = None) -> Model:
-    """See apsat.egraph.importer.load_onnx."""
-    from apsat.egraph.importer import load_onnx as _load
+    """See apsat.frontend.importer.load_onnx."""
+    from apsat.frontend.importer import load_onnx as _load
 
     return _load(source, input_shapes)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from apsat.egraph.ops import OPS, AccessShape
-from apsat.egraph.term import Term, postorder
+from apsat.lang.ops import OPS, AccessShape
+from apsat.lang.term import Term, postorder
 from apsat.errors import ShapeError
 
 
@@ -113,7 +113,7 @@ class Program:
 
     def to_text(self) -> str:
         """Surface syntax of the single output (tree form: shared terms written per use)."""
-        from apsat.egraph.syntax import to_text
+        from apsat.lang.syntax import to_text
 
         return to_text(self.root)
 
@@ -125,6 +125,6 @@ class Program:
 def parse(text: str, shapes: dict) -> Program:
     """Parse surface syntax into a single-output Program (output name "out").
     `shapes` maps every tensor name the text uses to its dims."""
-    from apsat.egraph.syntax import parse_term
+    from apsat.lang.syntax import parse_term
 
     return Program({"out": parse_term(text)}, dict(shapes))

@@ -1,6 +1,6 @@
 """Compute operators of the reference interpreter, and the lazy values they consume.
 
-Value model (shared with apsat.backends.reference): the value of an access pattern with
+Value model (shared with apsat.lang.evaluate): the value of an access pattern with
 access shape ((iterated dims), (item dims)) is a float32 numpy array of shape
 iterated ++ item (often a view: windows, broadcasts, slices), or one of two lazy values
 that stand for arrays too large to build:

@@ -49,8 +49,8 @@ def compare(expected: dict, actual: dict, rtol: float = RTOL, atol: float = ATOL
 def verify_program(model, program, inputs: dict, rtol: float = RTOL, atol: float = ATOL) -> Verification:
     """Run `program` (reference interpreter, with the model's weights) and the original
     ONNX model (onnxruntime) on `inputs`; compare every model output."""
-    from apsat.backends.reference import evaluate
-    from apsat.zoo import ort_run
+    from apsat.lang.evaluate import evaluate
+    from apsat.pipeline.zoo import ort_run
 
     expected = ort_run(model.onnx, inputs)
     got = evaluate(program, {**model.weights, **inputs})

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from apsat.egraph import lowering_nn as nn
-from apsat.egraph import lowering_tensor as tensor
-from apsat.egraph.lowering_tensor import Builder, Unlowerable
+from apsat.frontend import lowering_nn as nn
+from apsat.frontend import lowering_tensor as tensor
+from apsat.frontend.lowering_tensor import Builder, Unlowerable
 
 FLOAT_MAX = 3.4028234663852886e38     # Clip's default bounds: float32's range
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from apsat.egraph.lowering_tensor import Unlowerable, axes_from, normalize_axis
+from apsat.frontend.lowering_tensor import Unlowerable, axes_from, normalize_axis
 
 
 # ---- window geometry ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Iterator, Union
 
 Literal = Union[int, float, str, tuple]
 # Ops of attribute sorts (compute operators, pad types, access shapes): Terms, but not
-# children of the expression DAG. Filled in by apsat.egraph.ops.
+# children of the expression DAG. Filled in by apsat.lang.ops.
 ATTRIBUTE_OPS: set[str] = set()
 _INTERN: "weakref.WeakValueDictionary[tuple, Term]" = weakref.WeakValueDictionary()
 
@@ -59,8 +59,8 @@ class Term:
                         yield b
 
     def __repr__(self) -> str:
-        from apsat.egraph.ops import COMPUTE_OPS
-        from apsat.egraph.syntax import compute_op_text, to_text
+        from apsat.lang.ops import COMPUTE_OPS
+        from apsat.lang.syntax import compute_op_text, to_text
 
         if self.op in ATTRIBUTE_OPS:
             return compute_op_text(self) if self.op in COMPUTE_OPS else f"Term({self.op!r}, {self.args!r})"

@@ -1,0 +1,1 @@
+"""The pipeline: import, saturate, extract, lower and verify, for every backend alike."""

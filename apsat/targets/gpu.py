@@ -1,0 +1,40 @@
+"""The gpu target's machine: H100 SXM figures and the roofline time of one kernel.
+
+Figures (H100 SXM5, public data sheet): fp32 67 TFLOP/s without tensor cores, tf32
+494 TFLOP/s and bf16 989 TFLOP/s dense on tensor cores (matrix products only; element-wise
+work stays at the fp32 rate), 3.35 TB/s HBM3, PCIe Gen5 x16 ~64 GB/s, ~3 us per launch.
+The gpu cost model (apsat/extract/cost_gpu.py) prices e-nodes with these; the GPU backend
+(apsat/backends/gpu) prices the kernels it writes with the same figures.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TFLOPS = {"fp32": 67.0, "tf32": 494.0, "bf16": 989.0}
+BYTES = {"fp32": 4, "tf32": 4, "bf16": 2}
+HBM_BYTES_PER_US = 3.35e6          # 3.35 TB/s
+PCIE_BYTES_PER_US = 64e3           # 64 GB/s
+LAUNCH_US = 3.0
+
+
+@dataclass
+class Roofline:
+    """Roofline time (microseconds) of a kernel on an H100 at `precision` ("fp32",
+    "tf32" or "bf16"; verification stays fp32 whatever the model assumes)."""
+
+    precision: str = "fp32"
+
+    def __post_init__(self):
+        if self.precision not in TFLOPS:
+            raise ValueError(f"gpu cost model: unknown precision {self.precision!r}; known: {', '.join(TFLOPS)}")
+
+    def kernel_us(self, flop: float, elements_moved: float, matrix: bool) -> float:
+        """One kernel's time: launch plus the larger of compute and memory time; `matrix`
+        kernels run at the precision's tensor-core peak, the others at the fp32 rate."""
+        peak = TFLOPS[self.precision] if matrix else TFLOPS["fp32"]
+        return LAUNCH_US + max(flop / (peak * 1e6), elements_moved * BYTES[self.precision] / HBM_BYTES_PER_US)
+
+    def host_us(self, elements_moved: float) -> float:
+        """A host step's time: its operands down and its result back over PCIe (fp32),
+        plus a launch each way."""
+        return 2 * LAUNCH_US + elements_moved * BYTES["fp32"] / PCIE_BYTES_PER_US
