@@ -19,7 +19,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import apsat
-from apsat.backends import compute_semantics, reference
+from apsat.lang import evaluate as reference
+from apsat.lang import semantics as compute_semantics
 from apsat.lang.evaluate import COMPUTE_EVALUATORS, EVALUATORS, EvaluationError, evaluate
 from apsat.lang.ops import COMPUTE_OPS, OPS
 from apsat.lang.program import OpaqueNode, Program
