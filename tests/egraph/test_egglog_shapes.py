@@ -9,7 +9,8 @@ Python rejects are flagged ill-shaped by egglog too.
 import pytest
 
 import apsat
-from apsat.explore.egraph import EGraph, egg_term
+from apsat.egraph.driver import egg_term
+from apsat.explore.egraph import EGraph
 from apsat.lang.ops import COMPUTE_OPS, OPS
 from apsat.lang.syntax import parse_term
 from apsat.lang.term import Term, postorder
