@@ -64,11 +64,12 @@ def _optimize_one(source, name: str, args, progress, task, randomize=False) -> d
 
 
 def _failed(report: dict) -> bool:
-    """Verification against onnxruntime failed, or (systolic targets) the instruction-stream
-    simulator's outputs did."""
+    """Verification against onnxruntime failed: the reference interpreter's, or the target
+    backend's run (the systolic simulator's "simulation", GPU kernels' "run")."""
     v = report.get("verification")
-    sim = report.get("systolic", {}).get("simulation")
-    return bool((v and not v["ok"]) or (sim and not sim["ok"]))
+    runs = [section.get(key) for section in (report.get("systolic"), report.get("gpu_kernels"))
+            if isinstance(section, dict) for key in ("simulation", "run")]
+    return bool((v and not v["ok"]) or any(r and r.get("ok") is False for r in runs))
 
 
 def _speedup(report: dict) -> str:

@@ -145,3 +145,11 @@ def test_lowering_options_for_a_gpu_target_are_a_one_line_error(tmp_path, capsys
     assert rc == 2
     lines = [li for li in capsys.readouterr().err.splitlines() if li.startswith("apsat: cbr:")]
     assert len(lines) == 1 and "lowering options apply to systolic targets" in lines[0]
+
+
+def test_a_failed_gpu_kernel_run_fails_the_run_and_a_skipped_one_does_not():
+    from apsat.cli import _failed
+
+    ok = {"ok": True}
+    assert _failed({"verification": ok, "gpu_kernels": {"run": {"ok": False}}})
+    assert not _failed({"verification": ok, "gpu_kernels": {"run": {"skipped": "no GPU here"}}})

@@ -17,13 +17,27 @@ from apsat.errors import ApsatError
 
 @dataclass
 class OptimizeResult:
-    """What optimize produced: the extracted program, the loaded model and the report."""
+    """What optimize produced: the extracted program, the loaded model, the report, and
+    the target backend's lowered form (apsat.backends.base.Lowered) with, when it ran
+    during verification, its outputs on the seeded inputs."""
 
     program: Program
     model: object
     report: dict = field(default_factory=dict)
-    stream: object = None     # systolic targets: the compiled Stream (apsat.backends.systolic)
-    simulated: dict | None = None   # systolic targets: the simulator's outputs (name -> array)
+    lowered: object = None
+    backend: object = None
+    backend_outputs: dict | None = None
+
+    @property
+    def stream(self):
+        """Systolic targets: the compiled instruction Stream (else None)."""
+        return self.lowered.artifact if self.backend is not None and self.backend.name == "systolic" else None
+
+    @property
+    def simulated(self) -> dict | None:
+        """Systolic targets: the simulator's outputs on the seeded inputs (None when it did
+        not run)."""
+        return self.backend_outputs if self.stream is not None else None
 
     def run(self, inputs: dict) -> dict:
         """Evaluate the optimised program (reference interpreter) with the model's weights;
@@ -35,83 +49,125 @@ class OptimizeResult:
 
     def write(self, out_dir, compile_kernels=True) -> Path:
         """Write report.json and program.txt (the program in DAG form, see
-        syntax.to_dag_text; read back with syntax.parse_dag_text) into out_dir;
-        returns the report path. For a systolic target also instructions.txt (the
-        compiled instruction stream, apsat.backends.systolic) and simulated_outputs.npz
-        (the simulator's outputs on the seeded inputs); its cycle report and the
-        simulator's comparison with onnxruntime are in report.json under "systolic"."""
+        syntax.to_dag_text; read back with syntax.parse_dag_text) into out_dir, and the
+        backend's files: gpu kernels/ and runner.py (compiled when `compile_kernels` and
+        the tools allow; what the tools said is added to the backend's figures in the
+        written report.json), systolic instructions.txt and, when the simulator ran,
+        simulated_outputs.npz. Returns the report path; self.report is left as it is."""
         from apsat.lang.syntax import to_dag_text
 
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "program.txt").write_text(to_dag_text(self.program.outputs))
-        if self.report.get("target") == "gpu":
-            self.report["gpu_kernels"] = _gpu_kernels(self.program, out_dir, compile_kernels)
-        if self.stream is not None:
+        report = dict(self.report)
+        if self.backend is not None:
+            written = self.backend.write(self.lowered, out_dir, compile=compile_kernels)
+            report[self.backend.name] = {**report[self.backend.name], **written}
+        if self.backend_outputs is not None:
             import numpy as np
 
-            from apsat.backends.systolic import to_text
-
-            (out_dir / "instructions.txt").write_text(to_text(self.stream))
-            if self.simulated is not None:
-                np.savez(out_dir / "simulated_outputs.npz", **self.simulated)
+            np.savez(out_dir / "simulated_outputs.npz" if self.stream is not None
+                     else out_dir / "backend_outputs.npz", **self.backend_outputs)
         path = out_dir / "report.json"
-        path.write_text(json.dumps(self.report, indent=2, default=str) + "\n")
+        path.write_text(json.dumps(report, indent=2, default=str) + "\n")
         return path
 
 
 def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-dag",
              verify: bool = True, seed: int = 0, iter_limit: int = 30,
              node_limit: int = 100_000, time_limit: float = 10.0, progress=None,
-             regions: bool = False, lowering: dict | None = None) -> OptimizeResult:
-    """Optimise an ONNX model (a path, a ModelProto or a loaded Model) for `target`.
+             regions: bool = False, lowering: dict | None = None,
+             verify_backend: bool | None = None) -> OptimizeResult:
+    """Optimise an ONNX model (a path, a ModelProto or a loaded Model) for `target`:
+    import, saturate, extract, lower with the target's backend, verify.
 
     rules: ruleset names or rule-file paths to saturate with as one phase; None runs the
         target's default phase plan; False saturates nothing (import and extract only).
-    verify: compare the extracted program with onnxruntime on seeded random inputs.
+    verify: compare the extracted program (reference interpreter) with onnxruntime on
+        seeded random inputs, and the backend's run of its lowered form too (see
+        verify_backend).
+    verify_backend: with verify, run the lowered program on the backend: None where the
+        backend runs here at a sensible cost (the systolic simulator always; GPU kernels
+        only on a GPU: the report says why it was skipped), True always, False never.
     progress: optional callable(phase_name) told when each phase starts.
     regions: saturate region by region, identical regions once (apsat.rules.regions).
-    lowering: systolic targets: options of the instruction-stream lowering (im2col,
-        fold_copies, fuse_zips; see apsat.backends.systolic.lower); None follows the cost
-        model. ApsatError for another target or an unknown option.
+    lowering: the backend's options; systolic targets: im2col, fold_copies, fuse_zips
+        (see apsat.backends.systolic.lower); None follows the cost model. ApsatError for
+        another target or an unknown option.
     """
-    from apsat.egraph.driver import EGraph
-    from apsat.rules.saturate import saturate
-    from apsat.frontend.importer import load_onnx
-    from apsat.extract import extract
+    from apsat.backends import backend_for
+    from apsat.targets import parse_target
 
-    _check_lowering(target, lowering)
+    tgt = parse_target(target)
+    backend = backend_for(tgt)
+    if lowering and not backend.options:
+        raise ApsatError(f"lowering options apply to systolic targets, not {target!r}")
+    backend.check_options(lowering or {})
     tell = progress or (lambda phase: None)
     seconds: dict[str, float] = {}
-    t = time.perf_counter()
-    tell("import")
-    m = model if hasattr(model, "program") else load_onnx(model)
-    seconds["import"] = time.perf_counter() - t
+    m, eg, handles, loaded = _load(model, target, tell, seconds)
+    saturation = _saturate(eg, m, rules, regions, tell, seconds,
+                           iter_limit=iter_limit, node_limit=node_limit, time_limit=time_limit)
+    program = _timed("extract", tell, seconds, _extract, eg, handles, extractor)
+    report = _report(m, target, rules, program, eg, loaded, saturation, seconds)
+    lowered = _timed("lower", tell, seconds, backend.lower, program, tgt, m.weights, lowering or {})
+    report[backend.name] = lowered.report
+    outputs = None
+    if verify:
+        outputs = _verify(m, program, backend, lowered, report, seed, tell, seconds, verify_backend)
+    return OptimizeResult(program, m, report, lowered, backend, outputs)
 
+
+def _timed(phase: str, tell, seconds: dict, fn, *args):
+    """Run fn(*args) as pipeline phase `phase`: told to `tell`, timed into seconds."""
+    tell(phase)
     t = time.perf_counter()
+    out = fn(*args)
+    seconds[phase] = time.perf_counter() - t
+    return out
+
+
+def _load(model, target, tell, seconds):
+    """Import the model and load it into a fresh e-graph; returns (model, e-graph, output
+    handles, (nodes, classes, cost of the imported program))."""
+    from apsat.egraph.driver import EGraph
+    from apsat.extract import extract
+    from apsat.frontend.importer import load_onnx
+
+    m = _timed("import", tell, seconds, lambda: model if hasattr(model, "program") else load_onnx(model))
     tell("e-graph")
+    t = time.perf_counter()
     eg = EGraph(target=target)
     handles = eg.add_outputs(m.program)
-    nodes_loaded, classes_loaded = eg.size()
+    nodes, classes = eg.size()
     # Before any rule runs every e-class holds one node, so this "extraction" is the
     # imported program itself, priced by the same cost model as the result.
     cost_before = extract(eg, handles).cost
     seconds["egraph"] = time.perf_counter() - t
+    return m, eg, handles, (nodes, classes, cost_before)
 
-    t = time.perf_counter()
-    tell("saturate")
-    saturation = saturate(eg, rules if rules else None, iter_limit=iter_limit, node_limit=node_limit,
-                          time_limit=time_limit, regions=m.program if regions else None) \
-        if rules is not False else {"phases": [], "skipped": []}
+
+def _saturate(eg, m, rules, regions, tell, seconds, **limits) -> dict:
+    """The saturation report: the rules as one phase, the target's plan (rules None) or
+    nothing (rules False)."""
+    from apsat.rules.saturate import saturate
+
+    if rules is False:
+        return {"phases": [], "skipped": []}
+    return _timed("saturate", tell, seconds, lambda: saturate(
+        eg, rules if rules else None, regions=m.program if regions else None, **limits))
+
+
+def _extract(eg, handles, extractor):
+    from apsat.extract import extract
+
+    return extract(eg, handles, method=extractor)
+
+
+def _report(m, target, rules, program, eg, loaded, saturation, seconds) -> dict:
+    nodes_loaded, classes_loaded, cost_before = loaded
     nodes, classes = eg.size()
-    seconds["saturate"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    tell("extract")
-    program = extract(eg, handles, method=extractor)
-    seconds["extract"] = time.perf_counter() - t
-
-    report = {
+    return {
         "model": str(getattr(m, "path", "") or ""),
         "target": target,
         "rules": list(rules or []),
@@ -126,85 +182,23 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
         "opaque_calls": sorted(program.opaque_nodes),
         "seconds": seconds,
     }
-    if verify:
-        from apsat.pipeline.verify import verify_program
-        from apsat.pipeline.zoo import random_inputs
-
-        t = time.perf_counter()
-        tell("verify")
-        report["verification"] = verify_program(m, program, random_inputs(m, seed)).to_dict()
-        seconds["verify"] = time.perf_counter() - t
-    stream, simulated = _systolic_backend(m, program, target, report, seconds, seed, tell, lowering or {})
-    return OptimizeResult(program, m, report, stream, simulated)
 
 
-LOWERING_OPTIONS = ("im2col", "fold_copies", "fuse_zips")
-
-
-def _check_lowering(target, lowering) -> None:
-    """Refuse lowering options for a non-systolic target or with unknown names (one line)."""
-    from apsat.targets import parse_target
-
-    if not lowering:
-        return
-    if parse_target(target).kind != "systolic":
-        raise ApsatError(f"lowering options apply to systolic targets, not {target!r}")
-    unknown = sorted(set(lowering) - set(LOWERING_OPTIONS))
-    if unknown:
-        raise ApsatError(f"unknown lowering option(s) {', '.join(unknown)} "
-                         f"(known: {', '.join(LOWERING_OPTIONS)})")
-
-
-def _gpu_kernels(program, out_dir: Path, compile_kernels) -> dict:
-    """Write DIR/kernels/ (Triton and CUDA C sources, cubins when `compile_kernels` and the
-    tools are present) and DIR/runner.py; returns the report's per-kernel summary (the
-    full figures, sources included, are in DIR/kernels.json)."""
-    from apsat.backends.gpu.write import write_kernels
-
-    figures = write_kernels(program, out_dir, compile=compile_kernels)
-    keep = ("name", "kind", "covers", "flops", "bytes", "modelled_us")
-    kernels = []
-    for k in figures["kernels"]:
-        row = {key: k.get(key) for key in keep}
-        for tool in ("cuda", "triton"):
-            t = k.get(tool) or {}
-            row[tool] = {"registers": t.get("registers"), "shared_bytes": t.get("shared_bytes"),
-                         "error": t.get("error")}
-        kernels.append(row)
-    return {"totals": figures["totals"], "tools": figures["tools"], "kernels": kernels,
-            "host_steps": figures["host_steps"]}
-
-
-def _systolic_backend(m, program, target, report, seconds, seed, tell, lowering):
-    """For a systolic target: compile the program to an instruction stream, run it in the
-    functional simulator on the seeded inputs (the ones verification uses) and compare
-    with onnxruntime; the cycle report and that comparison go to report["systolic"].
-    Returns (stream, simulated outputs), (None, None) for other targets."""
-    from apsat.targets import parse_target
-
-    tgt = parse_target(target)
-    if tgt.kind != "systolic":
-        return None, None
-    from apsat.backends import systolic
-    from apsat.pipeline.verify import compare
+def _verify(m, program, backend, lowered, report, seed, tell, seconds, verify_backend):
+    """Compare the program (reference interpreter) and, where it runs, the backend's
+    lowered form with onnxruntime on the same seeded inputs; the first goes to
+    report["verification"], the second to report[backend.name][backend.run_key]. Returns
+    the backend's outputs (None when it did not run)."""
+    from apsat.pipeline.verify import compare, verify_program
     from apsat.pipeline.zoo import ort_run, random_inputs
 
-    t = time.perf_counter()
-    tell("systolic backend")
-    stream = systolic.compile(program, tgt.accel, weights=m.weights, **lowering)
-    cyc = systolic.cycles(stream)
-    seconds["systolic"] = time.perf_counter() - t
-    t = time.perf_counter()
-    tell("simulate")
     inputs = random_inputs(m, seed)
-    got = systolic.simulate(stream, {**m.weights, **inputs})
+    report["verification"] = _timed("verify", tell, seconds, lambda: verify_program(m, program, inputs).to_dict())
+    skipped = None if verify_backend else (backend.run_skipped() if verify_backend is None else "not asked")
+    if skipped is not None:
+        report[backend.name][backend.run_key] = {"skipped": skipped}
+        return None
+    got = _timed(f"{backend.name} run", tell, seconds, backend.run, lowered, {**m.weights, **inputs})
     expected = ort_run(m.onnx, inputs)
-    seconds["simulate"] = time.perf_counter() - t
-    report["systolic"] = {
-        "accelerator": {"name": tgt.accel.name, "rows": tgt.accel.rows, "cols": tgt.accel.cols,
-                        "dataflow": tgt.accel.dataflow},
-        "lowering": dict(stream.options),
-        "instructions": stream.counts(), "host_steps": cyc["host_steps"],
-        "simulation": compare({k: expected[k] for k in got}, got).to_dict(),
-        "cycles": cyc}
-    return stream, got
+    report[backend.name][backend.run_key] = compare({k: expected[k] for k in got}, got).to_dict()
+    return got

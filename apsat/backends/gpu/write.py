@@ -61,84 +61,110 @@ def write_kernels(program, directory, *, tiles: dict | None = None, compile=True
       "tools": "nvcc" (path or None), "triton" (version or None), "notes" (why something
           was not compiled)
     """
-    from apsat.backends.gpu import cuda
-    from apsat.backends.gpu.runner import sources
-    from apsat.backends.gpu.triton import launch_plan
-
     graph = graph or lower(program, tiles)
     directory = Path(directory)
-    kdir = directory / "kernels"
-    kdir.mkdir(parents=True, exist_ok=True)
-    files = sources(graph)
-    for rel, content in files.items():
-        path = directory / rel
-        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    (directory / "kernels").mkdir(parents=True, exist_ok=True)
+    _write_sources(graph, directory)
     tools = {"cuda", "triton"} if compile is True else set(compile or ())
-    notes = []
-    nvcc = cuda.nvcc_path()
-    triton_version = _triton_version()
-    if "cuda" in tools and nvcc is None:
-        notes.append("nvcc not found: CUDA sources written, not compiled")
-    if "triton" in tools and triton_version is None:
-        notes.append("triton not installed: Triton sources written, not compiled ahead of time")
+    figures = kernel_figures(graph)
+    notes = _compile_kernels(figures["kernels"], directory, tools)
+    report = {"directory": str(directory), "runner": str(directory / "runner.py"), **figures,
+              "tools": {"nvcc": _nvcc(), "triton": _triton_version(), "notes": notes}}
+    (directory / "kernels.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return report
 
-    rows = []
-    cuda_jobs = {}
-    once = {s.name for s in graph.prepare_steps}
+
+def _nvcc():
+    from apsat.backends.gpu import cuda
+
+    return cuda.nvcc_path()
+
+
+def _write_sources(graph: KernelGraph, directory: Path) -> None:
+    """The runner, the Triton sources and the CUDA C sources, as files under `directory`."""
+    from apsat.backends.gpu import cuda
+    from apsat.backends.gpu.runner import sources
+
+    for rel, content in sources(graph).items():
+        (directory / rel).write_bytes(content if isinstance(content, bytes) else content.encode())
     for k in graph.kernels:
-        src, launch = cuda.kernel_source(k)
-        cu = kdir / f"{k.name}.cu"
-        cu.write_text(src)
-        row = {"name": k.name, "kind": k.kind, "prepare": k.name in once, "covers": k.covers,
-               "reads": k.reads, "out": k.out,
-               "out_shape": list(graph.buffers[k.out].dims), "flops": k.flops, "bytes": k.bytes,
-               "modelled_us": k.modelled_us, "tiles": k.tiles, "grid": None,
-               "triton": {"source": f"kernels/{k.name}.py", "cubin": None, "registers": None,
-                          "shared_bytes": None, "spills": None, "error": None},
-               "cuda": {"source": f"kernels/{k.name}.cu", "cubin": None, "registers": None,
-                        "shared_bytes": None, "spill_stores": None, "spill_loads": None,
-                        "grid": list(launch["grid"]), "block": launch["block"], "error": None}}
-        row["grid"] = list(launch_plan(k)["grid"])
-        rows.append(row)
-        if "cuda" in tools and nvcc is not None:
-            cuda_jobs[k.name] = (src, cu)
-    if cuda_jobs:
-        # nvcc runs as a subprocess: compile in parallel, one job per core
-        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-            done = dict(zip(cuda_jobs, pool.map(lambda job: cuda.compile_cuda(*job), cuda_jobs.values())))
-        for row in rows:
-            res = done.get(row["name"])
-            if res is None:
-                continue
-            row["cuda"].update({"cubin": f"kernels/{row['name']}.cubin" if res["cubin"] else None,
-                                "registers": res["registers"], "shared_bytes": res["shared_bytes"],
-                                "spill_stores": res["spill_stores"], "spill_loads": res["spill_loads"],
-                                "error": None if res["ok"] else res["log"][-2000:]})
-    if "triton" in tools and triton_version is not None:
-        from apsat.backends.gpu.triton import aot_compile
+        (directory / "kernels" / f"{k.name}.cu").write_text(cuda.kernel_source(k)[0])
 
-        for row in rows:
-            res = aot_compile(directory / row["triton"]["source"])
-            if "error" in res:
-                row["triton"]["error"] = res["error"]
-                continue
-            out = kdir / f"{row['name']}.triton.cubin"
-            out.write_bytes(res["cubin"])
-            row["triton"].update({"cubin": f"kernels/{out.name}", "registers": res["registers"],
-                                  "shared_bytes": res["shared_bytes"], "spills": res["spills"]})
+
+def kernel_figures(graph: KernelGraph) -> dict:
+    """What the kernel graph says of itself, no tool run: "kernels" and "host_steps" rows
+    and "totals" (see write_kernels; the tools' fields are None here)."""
+    from apsat.backends.gpu import cuda
+    from apsat.backends.gpu.triton import launch_plan
+
+    once = {s.name for s in graph.prepare_steps}
+    rows = []
+    for k in graph.kernels:
+        launch = cuda.kernel_source(k)[1]
+        rows.append({
+            "name": k.name, "kind": k.kind, "prepare": k.name in once, "covers": k.covers,
+            "reads": k.reads, "out": k.out, "out_shape": list(graph.buffers[k.out].dims),
+            "flops": k.flops, "bytes": k.bytes, "modelled_us": k.modelled_us, "tiles": k.tiles,
+            "grid": list(launch_plan(k)["grid"]),
+            "triton": {"source": f"kernels/{k.name}.py", "cubin": None, "registers": None,
+                       "shared_bytes": None, "spills": None, "error": None},
+            "cuda": {"source": f"kernels/{k.name}.cu", "cubin": None, "registers": None,
+                     "shared_bytes": None, "spill_stores": None, "spill_loads": None,
+                     "grid": list(launch["grid"]), "block": launch["block"], "error": None}})
     host = [{"name": h.name, "op": h.op, "prepare": h.name in once, "runner": h.runner, "reason": h.reason,
              "reads": h.reads, "out": h.out, "bytes": h.bytes, "modelled_us": h.modelled_us}
             for h in graph.host_steps]
     per_call = [r for r in rows + host if not r["prepare"]]
-    report = {
-        "directory": str(directory), "runner": str(directory / "runner.py"),
-        "kernels": rows, "host_steps": host,
-        "totals": {"kernels": len(rows), "host_steps": len(host), "prepare_steps": len(once),
-                   "flops": sum(r.get("flops", 0.0) for r in per_call),
-                   "bytes": sum(r["bytes"] for r in per_call),
-                   "modelled_us": sum(r["modelled_us"] for r in per_call),
-                   "prepare_us": sum(r["modelled_us"] for r in rows + host if r["prepare"])},
-        "tools": {"nvcc": nvcc, "triton": triton_version, "notes": notes},
-    }
-    (directory / "kernels.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    return report
+    totals = {"kernels": len(rows), "host_steps": len(host), "prepare_steps": len(once),
+              "flops": sum(r.get("flops", 0.0) for r in per_call),
+              "bytes": sum(r["bytes"] for r in per_call),
+              "modelled_us": sum(r["modelled_us"] for r in per_call),
+              "prepare_us": sum(r["modelled_us"] for r in rows + host if r["prepare"])}
+    return {"kernels": rows, "host_steps": host, "totals": totals}
+
+
+def _compile_kernels(rows: list[dict], directory: Path, tools: set) -> list[str]:
+    """Compile the written sources with the `tools` present, filling each row's "cuda" and
+    "triton" figures; returns notes on what could not be compiled and why."""
+    notes = []
+    if "cuda" in tools:
+        if _nvcc() is None:
+            notes.append("nvcc not found: CUDA sources written, not compiled")
+        else:
+            _compile_cuda(rows, directory)
+    if "triton" in tools:
+        if _triton_version() is None:
+            notes.append("triton not installed: Triton sources written, not compiled ahead of time")
+        else:
+            _compile_triton(rows, directory)
+    return notes
+
+
+def _compile_cuda(rows: list[dict], directory: Path) -> None:
+    from apsat.backends.gpu import cuda
+
+    jobs = {r["name"]: ((directory / r["cuda"]["source"]).read_text(), directory / r["cuda"]["source"])
+            for r in rows}
+    # nvcc runs as a subprocess: compile in parallel, one job per core
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        done = dict(zip(jobs, pool.map(lambda job: cuda.compile_cuda(*job), jobs.values())))
+    for row in rows:
+        res = done[row["name"]]
+        row["cuda"].update({"cubin": f"kernels/{row['name']}.cubin" if res["cubin"] else None,
+                            "registers": res["registers"], "shared_bytes": res["shared_bytes"],
+                            "spill_stores": res["spill_stores"], "spill_loads": res["spill_loads"],
+                            "error": None if res["ok"] else res["log"][-2000:]})
+
+
+def _compile_triton(rows: list[dict], directory: Path) -> None:
+    from apsat.backends.gpu.triton import aot_compile
+
+    for row in rows:
+        res = aot_compile(directory / row["triton"]["source"])
+        if "error" in res:
+            row["triton"]["error"] = res["error"]
+            continue
+        out = directory / "kernels" / f"{row['name']}.triton.cubin"
+        out.write_bytes(res["cubin"])
+        row["triton"].update({"cubin": f"kernels/{out.name}", "registers": res["registers"],
+                              "shared_bytes": res["shared_bytes"], "spills": res["spills"]})

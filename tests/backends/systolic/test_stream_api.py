@@ -29,7 +29,8 @@ def test_cli_optimize_writes_stream_simulation_and_cycles(convnet, tmp_path, tar
                         'dram_bandwidth = 8.0\n')
         target = str(toml)
     out = tmp_path / "out"
-    assert main(["optimize", str(convnet), "--target", target, "--out", str(out)]) == 0
+    # the simulator runs as part of verification, beside the reference interpreter
+    assert main(["optimize", str(convnet), "--target", target, "--out", str(out), "--verify"]) == 0
     d = out / "convnet"
     report = json.loads((d / "report.json").read_text())
     assert {"model", "target", "ops_before", "ops_after", "egraph", "saturation", "extraction",
@@ -57,3 +58,10 @@ def test_compile_takes_target_names_and_files(convnet, tmp_path):
     toml.write_text("rows = 8\ncols = 8\n")
     s = sab.compile(res.program, str(toml))
     assert s.accel.name == "a" and s.accel.rows == 8
+
+
+def test_without_verification_nothing_is_simulated(convnet):
+    # lowering (the stream and its cycle model) always happens; running it is verification
+    res = optimize(str(convnet), target="systolic:32x32", verify=False)
+    assert res.stream is not None and res.report["systolic"]["cycles"]["total_cycles"] > 0
+    assert res.simulated is None and "simulation" not in res.report["systolic"]
