@@ -193,7 +193,8 @@ def model_cycles(row) -> tuple[int, int]:
     """(model total cycles, closed-form compute cycles) for a CSV/spec row."""
     import math
 
-    from apsat.targets.systolic import Accelerator, gemm_cost
+    from apsat.targets.accelerator import Accelerator
+    from apsat.targets.systolic import gemm_cost
 
     bw = float(row["bandwidth"])
     acc = Accelerator(int(row["rows"]), int(row["cols"]), row["dataflow"], int(row["ifmap_kb"]),

@@ -73,7 +73,7 @@ def _program(model, array: str, plan, cache: Path, key: str, dataflow: str | Non
     from apsat.lang.syntax import parse_dag_text, to_dag_text
     from apsat.extract import extract
 
-    from apsat.targets.systolic import PRESETS
+    from apsat.targets.accelerator import PRESETS
 
     file = cache / f"{key}-{array}{'-' + dataflow if dataflow else ''}.txt"
     if file.exists() and not model.program.opaque_nodes:
@@ -124,7 +124,7 @@ def _best(prog, array: str, weights, opts: dict, dataflows=DATAFLOWS) -> dict:
     """The dataflow whose stream has the fewest total cycles, with its figures, and
     "fixed": the fewest total cycles of a fixed dataflow."""
     from apsat.backends import systolic
-    from apsat.targets.systolic import PRESETS
+    from apsat.targets.accelerator import PRESETS
 
     best = None
     fixed = math.inf
@@ -152,7 +152,7 @@ def _by_flex_rule(rows: list[dict]) -> dict:
     """{dataflow, cycles, dram} of the run a flexible array's own rule would take over
     the whole model: the fewest DRAM words among the runs within FLEX_CYCLE_SLACK of the
     fewest cycles (the rule fused_gemm_cost applies per product)."""
-    from apsat.targets.systolic import FLEX_CYCLE_SLACK
+    from apsat.targets.accelerator import FLEX_CYCLE_SLACK
 
     fastest = min(r["cycles"] for r in rows)
     near = [r for r in rows if r["cycles"] <= fastest * (1 + FLEX_CYCLE_SLACK)]
@@ -233,7 +233,7 @@ def summary(rows: list[dict]) -> list[str]:
     """Per array: geometric means of the ratios and ratios of the zoo totals, with apsat's
     fewest-cycles run per model (the tables') and with the run the flexible array's own
     trade-off rule takes (_by_flex_rule)."""
-    from apsat.targets.systolic import FLEX_CYCLE_SLACK
+    from apsat.targets.accelerator import FLEX_CYCLE_SLACK
 
     out = []
     for backend, array in sorted({(r["backend"], r["array"]) for r in rows}):

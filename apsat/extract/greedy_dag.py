@@ -33,8 +33,27 @@ def extract_greedy_dag(graph: ExtractionGraph, roots=None, node_cost=None) -> di
     Returns class id -> node id; following it from the roots gives an acyclic program."""
     cost = node_cost or graph.cost
     roots = graph.roots if roots is None else list(roots)
+    own = {n: cost(n) for n in graph.nodes}
+    choice = _settle_classes(graph, own)
+    choice = _break_cycles(graph, choice, roots, node_cost)
+    if not roots:
+        return choice
+    # Greedy unions can lose to plain tree choices (rover's box filter: 1819 vs 1701), and
+    # the tree extractor is cheap next to this pass: keep whichever costs less at the roots.
+    tree = extract_tree(graph, roots, node_cost)
+    if all(r in tree for r in roots) and (not all(r in choice for r in roots) or (
+            dag_cost(graph, tree, roots, node_cost) < dag_cost(graph, choice, roots, node_cost))):
+        choice = tree
+    if all(r in choice for r in roots):
+        choice = _improve(graph, choice, roots, own)
+    return choice
+
+
+def _settle_classes(graph: ExtractionGraph, own: dict[str, float]) -> dict[str, str]:
+    """The greedy set-union fixpoint: class id -> the node whose set (own cost plus the
+    union of its children's sets) is cheapest, for every class with an acyclic finite
+    program. Following these choices may still close a cycle (see the module docstring)."""
     nodes = graph.nodes
-    own = {n: cost(n) for n in nodes}
     cls_of = {n: nodes[n]["eclass"] for n in nodes}
     # Distinct child classes: DAG cost pays a class once however often a node uses it.
     kids = {n: list(dict.fromkeys(ks)) for n, ks in graph.node_classes.items()}
@@ -76,17 +95,6 @@ def extract_greedy_dag(graph: ExtractionGraph, roots=None, node_cost=None) -> di
                 continue  # this node's program would use its own class: a cycle
             heapq.heappush(heap, (t2 + own[p], counter, p, s2))
             counter += 1
-    choice = _break_cycles(graph, choice, roots, node_cost)
-    if not roots:
-        return choice
-    # Greedy unions can lose to plain tree choices (rover's box filter: 1819 vs 1701), and
-    # the tree extractor is cheap next to this pass: keep whichever costs less at the roots.
-    tree = extract_tree(graph, roots, node_cost)
-    if all(r in tree for r in roots) and (not all(r in choice for r in roots) or (
-            dag_cost(graph, tree, roots, node_cost) < dag_cost(graph, choice, roots, node_cost))):
-        choice = tree
-    if all(r in choice for r in roots):
-        choice = _improve(graph, choice, roots, own)
     return choice
 
 

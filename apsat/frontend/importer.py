@@ -1,9 +1,9 @@
 """ONNX -> Program: `load_onnx(path_or_modelproto, input_shapes=None) -> Model`.
 
-Steps: read the file; check the graph's structure (dangling inputs, unknown ops) and fix
-the true inputs' dims (symbolic dims need `input_shapes=`); run onnx.checker and shape
-inference (strict, with data propagation) on a skeleton of the model that leaves large
-weights' bytes out; then walk the nodes in order. Each node is
+Steps (the first four in reading.py): read the file; check the graph's structure (dangling
+inputs, unknown ops) and fix the true inputs' dims (symbolic dims need `input_shapes=`);
+run onnx.checker and shape inference (strict, with data propagation) on a skeleton of the
+model that leaves large weights' bytes out; then walk the nodes in order. Each node is
   - folded to numpy arrays when its inputs are all import-time constants (Shape of a static
     tensor counts) and it computes on shape-like data (see `_should_fold`);
   - lowered into the access-pattern language by `LOWERINGS[op]` (lowering.py);
@@ -15,15 +15,17 @@ walk's own message (op type, index, name, attribute) when it has one.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from apsat.frontend.builder import Builder
 from apsat.frontend.folding import Const, FoldError, fold, fold_shape
 from apsat.frontend.lowering import LOWERINGS, BadAttribute, NodeCtx, NodeProblem
-from apsat.frontend.lowering_tensor import Builder, Unlowerable
+from apsat.frontend.lowering_tensor import Unlowerable
+from apsat.frontend.reading import (FLOAT_TYPES, check_structure, file_prefix, first_line, infer_and_check,
+                                    model_skeleton, node_name, read_model, true_inputs)
 from apsat.lang.program import OpaqueNode, Program
 from apsat.lang.term import Term
 from apsat.errors import ModelError, ShapeError
@@ -31,21 +33,17 @@ from apsat.frontend.model import Model
 
 __all__ = ["load_onnx", "LOWERINGS"]
 
-FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
-               onnx.TensorProto.BFLOAT16}
-SKELETON_MAX_ELEMENTS = 4096   # larger float initializers reach checker/inference as inputs
-
 
 def load_onnx(source, input_shapes: dict | None = None) -> Model:
     """Import an ONNX model (a path or a ModelProto). `input_shapes` (name -> dims)
     overrides the declared dims of graph inputs, e.g. to fix a symbolic batch size."""
     start = time.perf_counter()
-    proto, path = _read(source)
+    proto, path = read_model(source)
     label = str(path) if path else ""
-    _check_structure(proto, label)
-    inputs = _true_inputs(proto, input_shapes or {}, label)
-    skeleton = _skeleton(proto, inputs)
-    info, complaint = _infer(skeleton, label)
+    check_structure(proto, label)
+    inputs = true_inputs(proto, input_shapes or {}, label)
+    skeleton = model_skeleton(proto, inputs)
+    info, complaint = infer_and_check(skeleton, label)
     importer = Importer(proto, inputs, info, label)
     try:
         program = importer.run()
@@ -54,193 +52,12 @@ def load_onnx(source, input_shapes: dict | None = None) -> Model:
     except Exception as e:             # a model the checker refused can trip the walk anywhere
         if complaint:
             raise ModelError(complaint) from None
-        raise ModelError(f"{_at(label)}import failed ({type(e).__name__}: {_first_line(e)})") from None
+        raise ModelError(f"{file_prefix(label)}import failed "
+                         f"({type(e).__name__}: {first_line(e)})") from None
     if complaint:
         raise ModelError(complaint)
     return Model(program=program, inputs=inputs, weights=importer.weights, onnx=proto,
                  path=path, import_seconds=time.perf_counter() - start)
-
-
-# ---- reading and checking -------------------------------------------------------------------
-
-def _at(label: str) -> str:
-    """Message prefix naming the file ("" for a ModelProto)."""
-    return f"{label}: " if label else ""
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _read(source) -> tuple[onnx.ModelProto, Path | None]:
-    if isinstance(source, onnx.ModelProto):
-        proto, path = source, None
-    else:
-        path = Path(source)
-        if not path.exists():
-            raise ModelError(f"{path}: no such file")
-        if not path.is_file():
-            raise ModelError(f"{path}: not a file")
-        with open(path, "rb") as f:
-            head = f.read(1)
-        if not head:
-            raise ModelError(f"{path}: empty file, not an ONNX model")
-        try:
-            proto = onnx.load(str(path))
-        except Exception as e:        # protobuf's DecodeError, or external-data trouble
-            what = "truncated or corrupt ONNX file" if head == b"\x08" else "not an ONNX file"
-            raise ModelError(f"{path}: {what} (its protobuf does not parse: "
-                             f"{_first_line(e).split(': ')[-1]})") from None
-    if not proto.HasField("graph") or proto.ir_version == 0:
-        raise ModelError(f"{path or 'model'}: not an ONNX model (no graph or IR version)")
-    return proto, path
-
-
-def _where(idx: int, node) -> str:
-    """How messages name a node: op type, index, and name when it has one."""
-    return f"{node.op_type} node {idx}" + (f" {node.name!r}" if node.name else "")
-
-
-def _check_structure(proto, label: str):
-    """Dangling inputs and ops unknown to onnx, named, before onnx.checker's wording."""
-    g = proto.graph
-    produced = {i.name for i in g.input} | {i.name for i in g.initializer}
-    later = {o for n in g.node for o in n.output}
-    for idx, node in enumerate(g.node):
-        for name in node.input:
-            if name and name not in produced:
-                why = ("is produced only by a later node (nodes not in topological order)"
-                       if name in later else "is produced by no node, initializer or graph input")
-                raise ModelError(f"{_at(label)}{_where(idx, node)} reads {name!r}, which {why}")
-        if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type):
-            raise ModelError(f"{_at(label)}{_where(idx, node)}: unknown op {node.op_type!r} (not an "
-                             f"ONNX op); onnx cannot infer its output shape")
-        produced.update(o for o in node.output if o)
-    for out in g.output:
-        if out.name not in produced:
-            raise ModelError(f"{_at(label)}graph output {out.name!r} is produced by no node")
-
-
-def _true_inputs(proto, overrides: dict, label: str) -> dict[str, tuple[int, ...]]:
-    """Graph inputs without an initializer (old-style models list weights as inputs),
-    with static dims; a symbolic or unknown dim is an error unless overridden."""
-    inits = {i.name for i in proto.graph.initializer}
-    out = {}
-    for vi in proto.graph.input:
-        if vi.name in inits:
-            continue
-        if vi.name in overrides:
-            out[vi.name] = tuple(int(d) for d in overrides[vi.name])
-            continue
-        t = vi.type.tensor_type
-        if not t.HasField("shape"):
-            raise ModelError(f"{_at(label)}input {vi.name!r} has no shape; pass input_shapes="
-                             f"{{{vi.name!r}: (...)}}")
-        dims = []
-        for axis, d in enumerate(t.shape.dim):
-            if not d.HasField("dim_value") or d.dim_value <= 0:
-                sym = d.dim_param or "?"
-                raise ModelError(f"{_at(label)}input {vi.name!r} has symbolic dim {sym!r} at axis "
-                                 f"{axis}; pass input_shapes={{{vi.name!r}: (...)}}")
-            dims.append(int(d.dim_value))
-        out[vi.name] = tuple(dims)
-    unknown = set(overrides) - set(out)
-    if unknown:
-        raise ModelError(f"{_at(label)}input_shapes names {sorted(unknown)}, which are not graph inputs")
-    return out
-
-
-def _skeleton(proto, inputs: dict) -> onnx.ModelProto:
-    """The model without large float initializers' bytes (they become typed inputs), and
-    with overridden input dims: what checker and shape inference need, cheap to copy."""
-    sk = onnx.ModelProto()
-    sk.ir_version = proto.ir_version
-    sk.opset_import.extend(proto.opset_import)
-    g, src = sk.graph, proto.graph
-    g.name = src.name or "graph"
-    g.node.extend(src.node)
-    g.output.extend(src.output)
-    g.value_info.extend(src.value_info)
-    declared = set()
-    for vi in src.input:
-        declared.add(vi.name)
-        if vi.name in inputs:
-            vi = helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, inputs[vi.name])
-        g.input.append(vi)
-    for init in src.initializer:
-        if init.data_type not in FLOAT_TYPES or int(np.prod(init.dims)) <= SKELETON_MAX_ELEMENTS:
-            g.initializer.append(init)
-        elif init.name not in declared:
-            g.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-    return sk
-
-
-def _infer(skeleton, label: str):
-    """Shape inference and onnx.checker. Returns ({name: (elem_type, dims or None)} from
-    lenient inference, the checker's or strict inference's complaint or None). Complaints
-    are raised after the walk, which usually finds the offending node and says more."""
-    try:
-        lenient = onnx.shape_inference.infer_shapes(skeleton, data_prop=True)
-    except Exception as e:
-        raise ModelError(f"{_at(label)}onnx shape inference failed: {_first_line(e)}") from None
-    info = _value_info(lenient)
-    mismatch = _type_mismatch(skeleton, info)
-    if mismatch:
-        raise ModelError(f"{_at(label)}{mismatch}")
-    # Graph outputs may omit their shape, which the checker refuses: fill inferred ones.
-    for out, inferred in zip(skeleton.graph.output, lenient.graph.output):
-        if not out.type.tensor_type.HasField("shape") and inferred.type.tensor_type.HasField("shape"):
-            out.CopyFrom(inferred)
-    try:
-        onnx.checker.check_model(skeleton)
-    except Exception as e:
-        return info, f"{_at(label)}onnx.checker: {_first_line(e)}"
-    try:
-        onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=True)
-    except Exception as e:
-        return info, f"{_at(label)}onnx shape inference: {_first_line(e)}"
-    return info, None
-
-
-def _type_mismatch(model, info: dict) -> str | None:
-    """The first node whose inputs bound to one type parameter of its schema have different
-    element types (e.g. a float64 weight on a float32 Conv), described in one line; None if
-    all agree. onnx's checker and strict inference let this through; onnxruntime refuses it."""
-    opsets = {o.domain or "": o.version for o in model.opset_import}
-    for node in model.graph.node:
-        try:
-            schema = onnx.defs.get_schema(node.op_type, opsets.get(node.domain or "", 1), node.domain or "")
-        except Exception:
-            continue   # unknown op or domain: the checker and the importer speak about it
-        bound: dict[str, tuple[str, int]] = {}
-        for i, name in enumerate(node.input):
-            if not name or name not in info or not info[name][0]:
-                continue
-            formal = schema.inputs[min(i, len(schema.inputs) - 1)] if schema.inputs else None
-            if formal is None:
-                continue
-            seen = bound.setdefault(formal.type_str, (name, info[name][0]))
-            if seen[1] != info[name][0]:
-                types = onnx.TensorProto.DataType.Name
-                return (f"node {node.name or node.op_type} ({node.op_type}): input {name!r} is "
-                        f"{types(info[name][0]).lower()} but {seen[0]!r} is {types(seen[1]).lower()}; "
-                        f"inputs bound to type {formal.type_str} must agree")
-    return None
-
-
-def _value_info(model) -> dict:
-    out = {}
-    g = model.graph
-    for vi in list(g.input) + list(g.value_info) + list(g.output):
-        t = vi.type.tensor_type
-        dims = None
-        if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
-            dims = tuple(int(d.dim_value) for d in t.shape.dim)
-        out[vi.name] = (t.elem_type, dims)
-    for init in g.initializer:
-        out[init.name] = (init.data_type, tuple(init.dims))
-    return out
 
 
 def _tensor_array(init) -> np.ndarray:
@@ -295,10 +112,11 @@ class Importer:
             return Program(outputs, dict(self.tensor_shapes), self.opaque_nodes,
                            weights=frozenset(self.weights))
         except ShapeError as e:       # an importer bug, but never a bare traceback
-            raise ModelError(f"{_at(self.label)}imported program is ill-shaped: {e}") from None
+            raise ModelError(f"{file_prefix(self.label)}imported program is ill-shaped: {e}") from None
 
     def _where(self, idx: int, node) -> str:
-        return _at(self.label) + _where(idx, node)
+        """How messages name a node of this model: the file, then node_name."""
+        return file_prefix(self.label) + node_name(idx, node)
 
     # ---- what lowerings see (the `state` of NodeCtx) --------------------------------------
 
@@ -385,7 +203,7 @@ class Importer:
         except BadAttribute as e:
             raise ModelError(f"{where}: attribute {e.attr!r}: {e}") from None
         except (NodeProblem, ShapeError, ValueError) as e:
-            raise ModelError(f"{where}: {_first_line(e)}") from None
+            raise ModelError(f"{where}: {first_line(e)}") from None
         for k, name in enumerate(node.output):
             if name and self.is_used(name) and (k >= len(outs) or outs[k] is None):
                 return None
@@ -434,4 +252,4 @@ class Importer:
             try:
                 self.env[name] = self.b.make("opaque", name, tuple(args), tuple(dims))
             except ShapeError as e:
-                raise ModelError(f"{where}: {_first_line(e)}") from None
+                raise ModelError(f"{where}: {first_line(e)}") from None

@@ -127,71 +127,85 @@ def parse_compute_op(text: str) -> Term:
 
 def _build(node, allow_vars: bool, names: dict | None = None) -> Term:
     """Build one Expr term from a parsed s-expression (iteratively over expr children)."""
-    # Work list of (node, parent_slot) resolved bottom-up via an explicit stack.
+    # Forms are visited twice: to push their expr children, then (ready) to build from `cache`.
     cache: dict[int, Term] = {}
     stack = [(node, False)]
     while stack:
         cur, ready = stack.pop()
         if not isinstance(cur, list):
-            tok = cur[0]
-            if allow_vars and tok.startswith("?"):
-                cache[id(cur)] = Term(VAR, (tok[1:],))
-                continue
-            if names is not None and tok.startswith("%"):
-                if tok not in names:
-                    raise ParseError(f"parse: {tok} is used before it is defined (offset {cur[1]})")
-                cache[id(cur)] = names[tok]
-                continue
-            raise ParseError(f"parse: expected an expression, found {tok!r} at offset {cur[1]}")
-        if not cur or isinstance(cur[0], list):
-            raise ParseError("parse: expected an operator name after '('")
-        op = cur[0][0]
-        spec = OPS.get(op)
-        if spec is None:
-            raise ParseError(f"parse: unknown op {op!r} at offset {cur[0][1]}")
-        args = cur[1:]
-        if len(args) != len(spec.signature):
-            raise ParseError(f"parse: {op} takes {len(spec.signature)} arguments "
-                             f"({' '.join(spec.signature)}), got {len(args)}")
-        subs = [a for k, a in zip(spec.signature, args) if k == "expr"]
-        for k, a in zip(spec.signature, args):
-            if k == "exprs":
-                if not isinstance(a, list) or not a or _atom(a[0], "args", op) != "args":
-                    raise ParseError(f"parse: {op}: expected (args ...)")
-                subs.extend(a[1:])
+            cache[id(cur)] = _leaf(cur, allow_vars, names)
+            continue
+        op, spec, args, subs = _form(cur)
         if not ready:
             stack.append((cur, True))
             stack.extend((s, False) for s in subs if id(s) not in cache)
             continue
-        vals = []
-        for k, a in zip(spec.signature, args):
-            if allow_vars and k != "expr" and not isinstance(a, list) and a[0].startswith("?"):
-                vals.append(Term(VAR, (a[0][1:],)))  # a pattern variable in a literal slot
-            elif k == "expr":
-                vals.append(cache[id(a)])
-            elif k == "exprs":
-                vals.append(tuple(cache[id(s)] for s in a[1:]))
-            elif k == "int":
-                vals.append(_int(a, op))
-            elif k == "float":
-                vals.append(_float(a, op))
-            elif k == "name":
-                vals.append(_name(a, op))
-            elif k in ("list", "shape"):
-                vals.append(_ints(a, op))
-            elif k == "access-shape":
-                if not isinstance(a, list) or len(a) != 3 or _atom(a[0], "access-shape", op) != "access-shape":
-                    raise ParseError(f"parse: {op}: expected (access-shape (shape ..) (shape ..))")
-                vals.append(Term("access-shape", (_ints(a[1], op), _ints(a[2], op))))
-            elif k == "pad-type":
-                pad = _atom(a, "a pad type", op)
-                if pad not in PAD_TYPES:
-                    raise ParseError(f"parse: {op}: unknown pad type {pad!r} (use {', '.join(PAD_TYPES)})")
-                vals.append(Term(pad, ()))
-            elif k == "compute-op":
-                vals.append(_compute_op(a, op, allow_vars))
+        vals = [_arg_value(k, a, op, cache, allow_vars) for k, a in zip(spec.signature, args)]
         cache[id(cur)] = Term(op, tuple(vals))
     return cache[id(node)]
+
+
+def _leaf(atom, allow_vars: bool, names: dict | None) -> Term:
+    """An expression written as a bare token: a pattern variable `?x` (with allow_vars) or
+    a name `%N` bound by an earlier line of the DAG form (with names)."""
+    tok = atom[0]
+    if allow_vars and tok.startswith("?"):
+        return Term(VAR, (tok[1:],))
+    if names is not None and tok.startswith("%"):
+        if tok not in names:
+            raise ParseError(f"parse: {tok} is used before it is defined (offset {atom[1]})")
+        return names[tok]
+    raise ParseError(f"parse: expected an expression, found {tok!r} at offset {atom[1]}")
+
+
+def _form(form: list):
+    """(op, its OpSpec, the arguments, the expr children in build order) of an op form,
+    checked against the op's signature."""
+    if not form or isinstance(form[0], list):
+        raise ParseError("parse: expected an operator name after '('")
+    op = form[0][0]
+    spec = OPS.get(op)
+    if spec is None:
+        raise ParseError(f"parse: unknown op {op!r} at offset {form[0][1]}")
+    args = form[1:]
+    if len(args) != len(spec.signature):
+        raise ParseError(f"parse: {op} takes {len(spec.signature)} arguments "
+                         f"({' '.join(spec.signature)}), got {len(args)}")
+    subs = [a for k, a in zip(spec.signature, args) if k == "expr"]
+    for k, a in zip(spec.signature, args):
+        if k == "exprs":
+            if not isinstance(a, list) or not a or _atom(a[0], "args", op) != "args":
+                raise ParseError(f"parse: {op}: expected (args ...)")
+            subs.extend(a[1:])
+    return op, spec, args, subs
+
+
+_LITERAL_READERS = {"int": _int, "float": _float, "name": _name, "list": _ints, "shape": _ints}
+
+
+def _arg_value(kind: str, a, op: str, cache: dict, allow_vars: bool):
+    """The value of argument `a` of `op`, of signature kind `kind` (expr children from
+    `cache`, built already)."""
+    if allow_vars and kind != "expr" and not isinstance(a, list) and a[0].startswith("?"):
+        return Term(VAR, (a[0][1:],))  # a pattern variable in a literal slot
+    if kind == "expr":
+        return cache[id(a)]
+    if kind == "exprs":
+        return tuple(cache[id(s)] for s in a[1:])
+    if kind in _LITERAL_READERS:
+        return _LITERAL_READERS[kind](a, op)
+    if kind == "access-shape":
+        if not isinstance(a, list) or len(a) != 3 or _atom(a[0], "access-shape", op) != "access-shape":
+            raise ParseError(f"parse: {op}: expected (access-shape (shape ..) (shape ..))")
+        return Term("access-shape", (_ints(a[1], op), _ints(a[2], op)))
+    if kind == "pad-type":
+        pad = _atom(a, "a pad type", op)
+        if pad not in PAD_TYPES:
+            raise ParseError(f"parse: {op}: unknown pad type {pad!r} (use {', '.join(PAD_TYPES)})")
+        return Term(pad, ())
+    if kind == "compute-op":
+        return _compute_op(a, op, allow_vars)
+    raise ValueError(f"signature kind {kind!r} of {op} has no reader")
 
 
 def parse_term(text: str, allow_vars: bool = False) -> Term:

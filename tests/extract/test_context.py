@@ -99,7 +99,8 @@ def test_systolic_model_prefers_the_array_to_the_host():
 def test_systolic_model_on_a_flexible_array_prices_each_product_in_its_best_dataflow():
     import dataclasses
 
-    from apsat.targets.systolic import PRESETS, gemm_cost
+    from apsat.targets.accelerator import PRESETS
+    from apsat.targets.systolic import gemm_cost
 
     # 3136 x 64 x 64 (a ResNet-50 1x1 convolution): weight stationary is the fastest on
     # 32x32, output stationary (the preset's own) more than twice as slow

@@ -9,7 +9,8 @@ from apsat.extract import extract
 from apsat.targets.systolic import HOST_HANDOFF_CYCLES
 from apsat.targets.pair_product import PairProduct, pair_product
 from apsat.targets.pair_dot import pair_dot_cost
-from apsat.targets.systolic import PRESETS, Accelerator, gemm_cost, vector_cycles
+from apsat.targets.accelerator import PRESETS, Accelerator
+from apsat.targets.systolic import gemm_cost, vector_cycles
 
 
 def test_grouped_convolution_is_one_product_per_group():

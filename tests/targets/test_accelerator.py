@@ -7,7 +7,7 @@ import pytest
 
 from apsat.errors import ApsatError
 from apsat.targets import Target, parse_target
-from apsat.targets.systolic import PRESETS, Accelerator, load_accelerator
+from apsat.targets.accelerator import PRESETS, Accelerator, load_accelerator
 
 
 def test_presets_follow_scalesims_own_configs():

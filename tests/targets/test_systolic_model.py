@@ -8,14 +8,8 @@ from pathlib import Path
 import pytest
 
 from apsat.errors import ApsatError
-from apsat.targets.systolic import (
-    PRESETS,
-    Accelerator,
-    closed_form_cycles,
-    dram_cycles,
-    gemm_cost,
-    vector_cycles,
-)
+from apsat.targets.accelerator import PRESETS, Accelerator
+from apsat.targets.systolic import closed_form_cycles, dram_cycles, gemm_cost, vector_cycles
 
 DATA = Path(__file__).parent / "data" / "scalesim_calibration.csv"
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "bench" / "systolic" / "scalesim_32x32.csv"

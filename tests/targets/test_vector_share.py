@@ -9,7 +9,8 @@ import math
 import pytest
 
 from apsat.targets.pair_dot import VECTOR_OPS_PER_MAC
-from apsat.targets.systolic import PRESETS, fused_gemm_cost
+from apsat.targets.accelerator import PRESETS
+from apsat.targets.systolic import fused_gemm_cost
 from apsat.targets.vector_share import _split, k_chunks, product_cycles, shared_vector_cycles, vector_share
 
 FLEX32 = dataclasses.replace(PRESETS["32x32"], dataflow="flex")

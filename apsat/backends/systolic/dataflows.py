@@ -23,6 +23,52 @@ def _sizes(L, g):
 def _os(L, g, b_whole: bool = False) -> None:
     """os; with `b_whole`, a column block of B that does not fit a filter half is loaded
     into the whole filter scratchpad, once per column fold (osk's first case)."""
+    R, C, Ha, _, _, m, k, n = _sizes(L, g)
+    a_mode, b_mode, chunks = _os_modes(L, g, b_whole)
+    rows_blk = out_rows(L, g, min(C, n), R)
+    group_a = max(1, Ha // (R * k)) if a_mode == "rows" else 0
+
+    # A's rows for the passes: all of A, or (a_mode "rows") the row folds loaded last, whose
+    # first row is a_origin
+    a_held, a_origin, b_slot = None, 0, None
+    if a_mode == "resident":
+        a_held = load_a_resident(L, g)
+    elif a_mode == "all":
+        a_held = L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, 0, k))
+    if b_mode == "all":
+        b_slot = L.load("filter", L.half("filter"), g.b, Region(0, k, 0, n))
+    done = Deferred(L, g)       # across column folds too: the next block's bias row goes first
+    for c0, c1 in folds(n, C):
+        nt = c1 - c0
+        bcol = (L.load("filter", 0 if b_whole else L.half("filter"), g.b, Region(0, k, c0, c1))
+                if b_mode == "col" else None)
+        for br0, br1 in folds(m, rows_blk):
+            oslot = out_block(L, br1 - br0, nt)
+            started = start_block(L, g, oslot, Region(br0, br1, c0, c1))
+            brow = bias_row(L, g, oslot, Region(br0, br1, c0, c1))
+            done.ready()        # the previous block's store queues behind this bias row
+            for r0, r1 in ((r, min(r + R, br1)) for r in range(br0, br1, R)):
+                if a_mode == "rows" and (r0 // R) % group_a == 0:
+                    a_origin = r0
+                    a_held = L.load("ifmap", L.half("ifmap"), g.a, Region(r0, min(m, r0 + group_a * R), 0, k))
+                for k0, k1 in chunks:
+                    reg = Region(r0, r1, k0, k1)
+                    a = (whole(L.load("ifmap", L.half("ifmap"), g.a, reg)) if a_mode == "chunk"
+                         else a_operand(g, a_held, reg, (a_origin, 0)))
+                    b = _os_b(L, g, b_mode, b_slot, bcol, Region(k0, k1, c0, c1))
+                    dst = Operand(oslot, Region(r0 - br0, r1 - br0, 0, nt))
+                    emit_pass(L, dst, a, b, r1 - r0, k1 - k0, nt, k0 > 0 or started, k1 == k,
+                              brow if k0 == 0 else None)
+            done.finish(oslot, Region(br0, br1, c0, c1), g.epilogue, False)
+    done.flush()
+
+
+def _os_modes(L, g, b_whole: bool) -> tuple[str, str, list[tuple[int, int]]]:
+    """How os holds its operands, and its k-chunks: (a_mode, b_mode, chunks). A is
+    "resident" (an on-chip im2col input), "all" (in an ifmap half), "rows" (slices of
+    row folds, as many as fit an ifmap half per load) or "chunk" (loaded per pass); B is
+    "all", "col" (a column fold's block per load) or "chunk". Refuses when a scratchpad
+    half cannot hold even a one-wide k-chunk of the operands loaded per pass."""
     R, C, Ha, Hb, _, m, k, n = _sizes(L, g)
     mr, nc = min(R, m), min(C, n)
     if g.a_mode == "resident":
@@ -42,51 +88,18 @@ def _os(L, g, b_whole: bool = False) -> None:
     if kc < 1:
         refuse(L, f"a half scratchpad cannot hold one {mr}-row slice of A and one "
                    f"{nc}-column slice of B")
-    chunks = even_chunks(k, kc)
-    rows_blk = out_rows(L, g, nc, R)
-    group_a = max(1, Ha // (R * k)) if a_mode == "rows" else 0
+    return a_mode, b_mode, even_chunks(k, kc)
 
-    a_slot = b_slot = None
-    if a_mode == "resident":
-        a_slot = load_a_resident(L, g)
-    elif a_mode == "all":
-        a_slot = L.load("ifmap", L.half("ifmap"), g.a, Region(0, m, 0, k))
+
+def _os_b(L, g, b_mode: str, b_slot, bcol, reg: Region) -> Operand:
+    """B's operand for the pass over `reg` (a k-chunk of a column fold, in B's
+    coordinates): from all of B (`b_slot`), from the column fold's block (`bcol`), or
+    loaded now."""
     if b_mode == "all":
-        b_slot = L.load("filter", L.half("filter"), g.b, Region(0, k, 0, n))
-    done = Deferred(L, g)       # across column folds too: the next block's bias row goes first
-    for c0, c1 in folds(n, C):
-        nt = c1 - c0
-        bcol = (L.load("filter", 0 if b_whole else L.half("filter"), g.b, Region(0, k, c0, c1))
-                if b_mode == "col" else None)
-        a_rows, a_origin = None, 0
-        for br0, br1 in folds(m, rows_blk):
-            oslot = out_block(L, br1 - br0, nt)
-            started = start_block(L, g, oslot, Region(br0, br1, c0, c1))
-            brow = bias_row(L, g, oslot, Region(br0, br1, c0, c1))
-            done.ready()        # the previous block's store queues behind this bias row
-            for r0, r1 in ((r, min(r + R, br1)) for r in range(br0, br1, R)):
-                if a_mode == "rows" and (r0 // R) % group_a == 0:
-                    a_origin = r0
-                    a_rows = L.load("ifmap", L.half("ifmap"), g.a, Region(r0, min(m, r0 + group_a * R), 0, k))
-                for k0, k1 in chunks:
-                    reg = Region(r0, r1, k0, k1)
-                    if a_mode in ("resident", "all"):
-                        a = a_operand(g, a_slot, reg)
-                    elif a_mode == "rows":
-                        a = a_operand(g, a_rows, reg, (a_origin, 0))
-                    else:
-                        a = whole(L.load("ifmap", L.half("ifmap"), g.a, reg))
-                    if b_mode == "all":
-                        b = Operand(b_slot, Region(k0, k1, c0, c1))
-                    elif b_mode == "col":
-                        b = Operand(bcol, Region(k0, k1, 0, nt))
-                    else:
-                        b = whole(L.load("filter", L.half("filter"), g.b, Region(k0, k1, c0, c1)))
-                    dst = Operand(oslot, Region(r0 - br0, r1 - br0, 0, nt))
-                    emit_pass(L, dst, a, b, r1 - r0, k1 - k0, nt, k0 > 0 or started, k1 == k,
-                              brow if k0 == 0 else None)
-            done.finish(oslot, Region(br0, br1, c0, c1), g.epilogue, False)
-    done.flush()
+        return Operand(b_slot, reg)
+    if b_mode == "col":
+        return Operand(bcol, Region(reg.r0, reg.r1, 0, reg.c1 - reg.c0))
+    return whole(L.load("filter", L.half("filter"), g.b, reg))
 
 
 def _osk(L, g) -> None:

@@ -37,8 +37,9 @@ Three options change how much the stream follows the extractor's cost model:
       are left for the vector unit.
 
 Anything a lowering cannot map (an operand that is not a view of one buffer, an item that
-does not fit a scratchpad half, a dot-product left off the array) becomes a HOST step that
-runs the term with the reference interpreter, with the reason recorded: nothing is dropped.
+does not fit a scratchpad half, a dot-product left off the array) becomes a HOST step
+(host.py) that runs the term with the reference interpreter, with the reason recorded:
+nothing is dropped.
 Terms that depend only on weights and literals (weight transposes, BatchNorm folded into
 weights) go to the stream's `init` section, run once when the model is loaded.
 """
@@ -47,14 +48,14 @@ from __future__ import annotations
 import math
 
 from apsat.backends.systolic import gemm, inplace, vector
+from apsat.backends.systolic.host import emit_host
 from apsat.backends.systolic.isa import SCRATCHPADS, Buffer, Copy, Group, Host, Load, Region, Slot, Stream, View
 from apsat.backends.systolic.views import dims_after, footprint
 from apsat.lang.program import Program
-from apsat.lang.syntax import to_text
-from apsat.lang.term import ATTRIBUTE_OPS, Term
+from apsat.lang.term import Term
 from apsat.errors import ApsatError
 from apsat.extract.workload import COPY_OPS, VIEW_OPS
-from apsat.targets.systolic import Accelerator
+from apsat.targets.accelerator import Accelerator
 
 
 class Unlowerable(Exception):
@@ -142,7 +143,8 @@ class Lowering:
         """How many of a term's dims are iterated."""
         return len(self.program.shape_of(term)[0])
 
-    def _tensor(self, name: str) -> str:
+    def tensor_buffer(self, name: str) -> str:
+        """The DRAM buffer of program tensor `name` (an input or a weight), made on first use."""
         if name not in self.tensor_buf:
             kind = "weight" if name in self.weights else "input"
             self.tensor_buf[name] = self.new_buffer(self.program.tensor_shapes[name], kind, tensor=name)
@@ -161,7 +163,7 @@ class Lowering:
                 break
             op = t.op
             if op == "access-tensor":
-                base = self._tensor(t.args[0])
+                base = self.tensor_buffer(t.args[0])
                 break
             if op == "access-literal":
                 base = self.new_buffer((), "const", value=float(t.args[0]))
@@ -269,7 +271,7 @@ class Lowering:
             c = self.chain(t)
             if c is None:                 # an output that is a pair or product: build it
                 self.buf_of[t] = self.new_buffer(self.dims(t))
-                self.host(t, "output is not a view of one buffer")
+                emit_host(self, t, "output is not a view of one buffer")
                 c = (self.buf_of[t], ())
             self.stream.outputs[name] = self.view(c[0], c[1] + (("reshape", self.dims(t)),))
         return self.stream
@@ -294,12 +296,12 @@ class Lowering:
             return
         p = self.placed.get(t)
         if p is None:
-            self.host(t, why)
+            emit_host(self, t, why)
             return
         root = self.buf_of[t]
         self.buf_of[t] = own = self.new_buffer(self.dims(t))
         del self.placed[t]
-        self.host(t, why)
+        emit_host(self, t, why)
         v = self.view(own)
         self.emit(Copy(root, v, self.stream.views[v].size, p.axis, p.offset, p.offset + p.width, self.tag))
         self.buf_of[t], self.placed[t] = root, p
@@ -326,48 +328,6 @@ class Lowering:
             raise Unlowerable(f"opaque ONNX node {t.args[0]!r} (onnxruntime on the host)")
         else:
             raise Unlowerable(f"no accelerator lowering for {op}")
-
-    def host(self, t: Term, reason: str) -> None:
-        """A HOST step computing `t` into its buffer: the term with every materialised
-        sub-term replaced by its buffer, re-accessed at the same split."""
-        memo: dict[Term, Term] = {}
-        used: set[str] = set()
-
-        def rebuild(x: Term) -> Term:
-            """x with materialised sub-terms replaced by their buffers (memoised)."""
-            if x in memo:
-                return memo[x]
-            if x is not t and x in self.buf_of:
-                b = self.buf_of[x]
-                used.add(b)
-                y = inplace.host_operand(self, x, b)
-            elif x.op == "access-tensor":
-                b = self._tensor(x.args[0])
-                used.add(b)
-                y = Term("access-tensor", (b,))
-            else:
-                args = []
-                for a in x.args:
-                    if isinstance(a, Term) and a.op not in ATTRIBUTE_OPS:
-                        a = rebuild(a)
-                    elif isinstance(a, tuple) and a and isinstance(a[0], Term):
-                        a = tuple(rebuild(b) for b in a)
-                    args.append(a)
-                y = Term(x.op, tuple(args))
-            memo[x] = y
-            return y
-
-        term = rebuild(t)
-        for x in memo:
-            if x.op == "opaque":
-                self.stream.opaque[x.args[0]] = self.program.opaque_nodes[x.args[0]]
-        macs = 0
-        if t.op == "compute" and t.args[0].op == "dot-product":
-            it, item = self.program.shape_of(t.args[1])
-            macs = math.prod(it) * math.prod(item) // 2
-        reads = sum(self.stream.buffers[b].size for b in used)
-        self.begin(t, "host", t.args[0].op if t.op == "compute" else t.op)
-        self.emit(Host(self.buf_of[t], to_text(term), reads, macs, reason, self.tag))
 
 
 def _simplify(base_dims: tuple, steps: tuple) -> tuple:

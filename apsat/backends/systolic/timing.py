@@ -37,8 +37,8 @@ from apsat.backends.systolic.isa import ARRAY, DOT_MODES, Copy, Host, Load, Matm
 from apsat.backends.systolic.vector import operator_term
 from apsat.extract.workload import operator_flops
 from apsat.targets.pair_dot import VECTOR_OPS_PER_MAC
-from apsat.targets.systolic import (HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE, OS_BLOCKED, dram_cycles,
-                                    gemm_cost, vector_cycles)
+from apsat.targets.accelerator import OS_BLOCKED
+from apsat.targets.systolic import HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE, dram_cycles, gemm_cost, vector_cycles
 
 UNITS = ("dma.ifmap", "dma.filter", "dma.ofmap", "array", "vector", "host")
 _KEEP = 64          # events kept per resource (older ones are long finished)
@@ -282,22 +282,6 @@ def cycles(stream: Stream) -> dict:
     peak = acc.rows * acc.cols
     total = main["cycles"]
     bound = (main["macs"] + main["host_macs"] + main["vector_macs"]) / peak
-    rows = []
-    for tag, g in groups.items():
-        info = stream.groups.get(tag)
-        row = {"tag": tag, "kind": info.kind if info else "", "label": info.label if info else "",
-               "section": g["section"], "cycles": int(math.ceil(g["end"] - g["start"])),
-               "macs": g["macs"], "dram_reads": g["dram_reads"], "dram_writes": g["dram_writes"]}
-        if info is not None and info.kind == "gemm":
-            # the array's part of the product (a one-row product's last columns may run on
-            # the vector unit: vector_cols)
-            gc = gemm_cost(acc, info.m, info.k, info.n - info.vector_cols, info.dataflow or None)
-            row.update(m=info.m, k=info.k, n=info.n, a_mode=info.a_mode, dataflow=gc.dataflow,
-                       vector_cols=info.vector_cols,
-                       array_span=int(math.ceil(g["array_end"] - g["array_start"])),
-                       gemm_cost_total=gc.total_cycles, gemm_cost_compute=gc.compute_cycles,
-                       gemm_cost_dram=gc.dram_words)
-        rows.append(row)
     return {
         "accelerator": acc.name, "rows": acc.rows, "cols": acc.cols, "dataflow": acc.dataflow,
         "total_cycles": total, "init_cycles": init["cycles"],
@@ -312,7 +296,26 @@ def cycles(stream: Stream) -> dict:
                  "init_reads": init["dram_reads"], "init_writes": init["dram_writes"],
                  "per_tensor": {b: {"reads": r, "writes": w, "tensor": stream.buffers[b].tensor}
                                 for b, (r, w) in per_tensor.items()}},
-        "groups": rows,
+        "groups": [_group_row(stream, tag, g) for tag, g in groups.items()],
         "host_steps": stream.host_steps(),
         "instructions": stream.counts(),
     }
+
+
+def _group_row(stream: Stream, tag: str, g: dict) -> dict:
+    """The report's row for one lowered program node (`g`: its figures from _run), a
+    GEMM's with gemm_cost's figures for its array part beside the stream's."""
+    info = stream.groups.get(tag)
+    row = {"tag": tag, "kind": info.kind if info else "", "label": info.label if info else "",
+           "section": g["section"], "cycles": int(math.ceil(g["end"] - g["start"])),
+           "macs": g["macs"], "dram_reads": g["dram_reads"], "dram_writes": g["dram_writes"]}
+    if info is not None and info.kind == "gemm":
+        # the array's part of the product (a one-row product's last columns may run on
+        # the vector unit: vector_cols)
+        gc = gemm_cost(stream.accel, info.m, info.k, info.n - info.vector_cols, info.dataflow or None)
+        row.update(m=info.m, k=info.k, n=info.n, a_mode=info.a_mode, dataflow=gc.dataflow,
+                   vector_cols=info.vector_cols,
+                   array_span=int(math.ceil(g["array_end"] - g["array_start"])),
+                   gemm_cost_total=gc.total_cycles, gemm_cost_compute=gc.compute_cycles,
+                   gemm_cost_dram=gc.dram_words)
+    return row

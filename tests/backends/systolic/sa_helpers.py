@@ -14,7 +14,7 @@ import numpy as np
 import apsat
 from apsat.backends import systolic as sab
 from apsat.lang.evaluate import evaluate
-from apsat.targets.systolic import Accelerator
+from apsat.targets.accelerator import Accelerator
 
 RTOL, ATOL = 1e-5, 1e-5
 DATAFLOWS = ("os", "ws", "is")

@@ -22,7 +22,8 @@ from sa_helpers import DATAFLOWS, small_acc
 
 import apsat
 from apsat.backends import systolic as sab
-from apsat.targets.systolic import PRESETS, Accelerator, gemm_cost
+from apsat.targets.accelerator import PRESETS, Accelerator
+from apsat.targets.systolic import gemm_cost
 
 DATA = Path(__file__).resolve().parents[2] / "targets" / "data" / "scalesim_calibration.csv"
 ROWS = list(csv.DictReader(DATA.read_text().splitlines()))

@@ -19,8 +19,8 @@ from apsat.backends.systolic import Load, Matmul, Region, Slot, Store
 from apsat.backends.systolic.tiles import even_chunks, folds
 from apsat.backends.systolic.timing import pass_cycles
 from apsat.errors import ApsatError
-from apsat.targets.systolic import (DATAFLOWS, FLEX_CYCLE_SLACK, PRESETS, gemm_cost, os_blocking,
-                                    load_accelerator)
+from apsat.targets.accelerator import DATAFLOWS, FLEX_CYCLE_SLACK, PRESETS, load_accelerator
+from apsat.targets.systolic import gemm_cost, os_blocking
 
 FLEX32 = dataclasses.replace(PRESETS["32x32"], dataflow="flex", name="32x32-flex")
 

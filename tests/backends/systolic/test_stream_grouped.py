@@ -120,7 +120,7 @@ def test_pair_with_no_matrix_layout_stays_on_the_host():
 def test_grouped_convnet_matches_onnxruntime(df):
     import dataclasses
 
-    from apsat.targets.systolic import PRESETS
+    from apsat.targets.accelerator import PRESETS
 
     model = apsat.load_onnx(grouped_convnet())
     acc = dataclasses.replace(PRESETS["32x32"], dataflow=df)

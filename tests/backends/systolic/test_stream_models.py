@@ -102,7 +102,7 @@ def test_alexnet_matches_onnxruntime_with_its_grouped_convolutions_on_the_array(
 def test_alexnet_on_a_flexible_array_shares_its_fully_connected_layers_with_the_vector_unit():
     import dataclasses
 
-    from apsat.targets.systolic import PRESETS
+    from apsat.targets.accelerator import PRESETS
 
     flex = dataclasses.replace(PRESETS["32x32"], dataflow="flex")
     model = load("bvlc_alexnet")
@@ -146,7 +146,7 @@ def test_resnet50_first_bottleneck_block(df, opts):
     model = apsat.load_onnx(sub)
     import dataclasses
 
-    from apsat.targets.systolic import PRESETS
+    from apsat.targets.accelerator import PRESETS
 
     acc = dataclasses.replace(PRESETS["32x32"], dataflow=df)
     prog = fused_program(model, acc)

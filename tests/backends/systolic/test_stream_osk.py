@@ -15,7 +15,8 @@ from sa_helpers import assert_close, conv_text, run_both, small_acc
 import apsat
 from apsat.backends import systolic as sab
 from apsat.errors import ApsatError
-from apsat.targets.systolic import PRESETS, fused_gemm_cost, gemm_cost, os_blocking
+from apsat.targets.accelerator import PRESETS
+from apsat.targets.systolic import fused_gemm_cost, gemm_cost, os_blocking
 
 FLEX32 = dataclasses.replace(PRESETS["32x32"], dataflow="flex")
 PLAIN = ("(fused-dot-bias (access (access-tensor a) 1) (access (access-tensor w) 1) "

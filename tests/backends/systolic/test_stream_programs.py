@@ -15,7 +15,7 @@ from apsat.backends.systolic import Copy, Host, Load, Matmul, Preload, Store, Ve
 from apsat.backends.systolic.vector import PAIRWISE
 from apsat.lang.ops import COMPUTE_OPS
 from apsat.errors import ApsatError
-from apsat.targets.systolic import Accelerator
+from apsat.targets.accelerator import Accelerator
 
 MATMUL = "(systolic-array {k} {n} (access (access-tensor a) 1) (access-tensor b))"
 

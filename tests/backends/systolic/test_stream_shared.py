@@ -12,7 +12,7 @@ from sa_helpers import run_both, small_acc
 import apsat
 from apsat.backends import systolic as sab
 from apsat.backends.systolic.isa import Vec
-from apsat.targets.systolic import PRESETS
+from apsat.targets.accelerator import PRESETS
 from apsat.targets.vector_share import vector_share
 
 FLEX32 = dataclasses.replace(PRESETS["32x32"], dataflow="flex")

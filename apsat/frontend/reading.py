@@ -1,0 +1,205 @@
+"""Reading an ONNX model and checking it before the importer's walk (importer.py).
+
+`read_model` loads the file (or takes a ModelProto); `check_structure` names dangling
+inputs and unknown ops; `true_inputs` fixes the true inputs' dims; `model_skeleton` leaves
+large weights' bytes out, so that `infer_and_check` can run shape inference and
+onnx.checker on it cheaply. Every problem is a one-line ModelError naming the file, node
+or input.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from apsat.errors import ModelError
+
+FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+               onnx.TensorProto.BFLOAT16}
+SKELETON_MAX_ELEMENTS = 4096   # larger float initializers reach checker/inference as inputs
+
+
+def file_prefix(label: str) -> str:
+    """Message prefix naming the file ("" for a ModelProto)."""
+    return f"{label}: " if label else ""
+
+
+def first_line(e: Exception) -> str:
+    """The first line of an exception's message (its type name when the message is empty)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def read_model(source) -> tuple[onnx.ModelProto, Path | None]:
+    """(the ModelProto, its path or None) from a path or a ModelProto; ModelError for a
+    missing, empty or unparsable file and for a protobuf that is not a model."""
+    if isinstance(source, onnx.ModelProto):
+        proto, path = source, None
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise ModelError(f"{path}: no such file")
+        if not path.is_file():
+            raise ModelError(f"{path}: not a file")
+        with open(path, "rb") as f:
+            head = f.read(1)
+        if not head:
+            raise ModelError(f"{path}: empty file, not an ONNX model")
+        try:
+            proto = onnx.load(str(path))
+        except Exception as e:        # protobuf's DecodeError, or external-data trouble
+            what = "truncated or corrupt ONNX file" if head == b"\x08" else "not an ONNX file"
+            raise ModelError(f"{path}: {what} (its protobuf does not parse: "
+                             f"{first_line(e).split(': ')[-1]})") from None
+    if not proto.HasField("graph") or proto.ir_version == 0:
+        raise ModelError(f"{path or 'model'}: not an ONNX model (no graph or IR version)")
+    return proto, path
+
+
+def node_name(idx: int, node) -> str:
+    """How messages name a node: op type, index, and name when it has one."""
+    return f"{node.op_type} node {idx}" + (f" {node.name!r}" if node.name else "")
+
+
+def check_structure(proto, label: str):
+    """Dangling inputs and ops unknown to onnx, named, before onnx.checker's wording."""
+    g = proto.graph
+    produced = {i.name for i in g.input} | {i.name for i in g.initializer}
+    later = {o for n in g.node for o in n.output}
+    for idx, node in enumerate(g.node):
+        for name in node.input:
+            if name and name not in produced:
+                why = ("is produced only by a later node (nodes not in topological order)"
+                       if name in later else "is produced by no node, initializer or graph input")
+                raise ModelError(f"{file_prefix(label)}{node_name(idx, node)} reads {name!r}, which {why}")
+        if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type):
+            raise ModelError(f"{file_prefix(label)}{node_name(idx, node)}: unknown op {node.op_type!r} "
+                             f"(not an ONNX op); onnx cannot infer its output shape")
+        produced.update(o for o in node.output if o)
+    for out in g.output:
+        if out.name not in produced:
+            raise ModelError(f"{file_prefix(label)}graph output {out.name!r} is produced by no node")
+
+
+def true_inputs(proto, overrides: dict, label: str) -> dict[str, tuple[int, ...]]:
+    """Graph inputs without an initializer (old-style models list weights as inputs),
+    with static dims; a symbolic or unknown dim is an error unless overridden."""
+    inits = {i.name for i in proto.graph.initializer}
+    out = {}
+    for vi in proto.graph.input:
+        if vi.name in inits:
+            continue
+        if vi.name in overrides:
+            out[vi.name] = tuple(int(d) for d in overrides[vi.name])
+            continue
+        t = vi.type.tensor_type
+        if not t.HasField("shape"):
+            raise ModelError(f"{file_prefix(label)}input {vi.name!r} has no shape; pass input_shapes="
+                             f"{{{vi.name!r}: (...)}}")
+        dims = []
+        for axis, d in enumerate(t.shape.dim):
+            if not d.HasField("dim_value") or d.dim_value <= 0:
+                sym = d.dim_param or "?"
+                raise ModelError(f"{file_prefix(label)}input {vi.name!r} has symbolic dim {sym!r} at axis "
+                                 f"{axis}; pass input_shapes={{{vi.name!r}: (...)}}")
+            dims.append(int(d.dim_value))
+        out[vi.name] = tuple(dims)
+    unknown = set(overrides) - set(out)
+    if unknown:
+        raise ModelError(f"{file_prefix(label)}input_shapes names {sorted(unknown)}, "
+                         f"which are not graph inputs")
+    return out
+
+
+def model_skeleton(proto, inputs: dict) -> onnx.ModelProto:
+    """The model without large float initializers' bytes (they become typed inputs), and
+    with overridden input dims: what checker and shape inference need, cheap to copy."""
+    sk = onnx.ModelProto()
+    sk.ir_version = proto.ir_version
+    sk.opset_import.extend(proto.opset_import)
+    g, src = sk.graph, proto.graph
+    g.name = src.name or "graph"
+    g.node.extend(src.node)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    declared = set()
+    for vi in src.input:
+        declared.add(vi.name)
+        if vi.name in inputs:
+            vi = helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, inputs[vi.name])
+        g.input.append(vi)
+    for init in src.initializer:
+        if init.data_type not in FLOAT_TYPES or int(np.prod(init.dims)) <= SKELETON_MAX_ELEMENTS:
+            g.initializer.append(init)
+        elif init.name not in declared:
+            g.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return sk
+
+
+def infer_and_check(skeleton, label: str):
+    """Shape inference and onnx.checker. Returns ({name: (elem_type, dims or None)} from
+    lenient inference, the checker's or strict inference's complaint or None). Complaints
+    are raised after the walk, which usually finds the offending node and says more."""
+    try:
+        lenient = onnx.shape_inference.infer_shapes(skeleton, data_prop=True)
+    except Exception as e:
+        raise ModelError(f"{file_prefix(label)}onnx shape inference failed: {first_line(e)}") from None
+    info = _value_info(lenient)
+    mismatch = _type_mismatch(skeleton, info)
+    if mismatch:
+        raise ModelError(f"{file_prefix(label)}{mismatch}")
+    # Graph outputs may omit their shape, which the checker refuses: fill inferred ones.
+    for out, inferred in zip(skeleton.graph.output, lenient.graph.output):
+        if not out.type.tensor_type.HasField("shape") and inferred.type.tensor_type.HasField("shape"):
+            out.CopyFrom(inferred)
+    try:
+        onnx.checker.check_model(skeleton)
+    except Exception as e:
+        return info, f"{file_prefix(label)}onnx.checker: {first_line(e)}"
+    try:
+        onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=True)
+    except Exception as e:
+        return info, f"{file_prefix(label)}onnx shape inference: {first_line(e)}"
+    return info, None
+
+
+def _type_mismatch(model, info: dict) -> str | None:
+    """The first node whose inputs bound to one type parameter of its schema have different
+    element types (e.g. a float64 weight on a float32 Conv), described in one line; None if
+    all agree. onnx's checker and strict inference let this through; onnxruntime refuses it."""
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    for node in model.graph.node:
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opsets.get(node.domain or "", 1), node.domain or "")
+        except Exception:
+            continue   # unknown op or domain: the checker and the importer speak about it
+        bound: dict[str, tuple[str, int]] = {}
+        for i, name in enumerate(node.input):
+            if not name or name not in info or not info[name][0]:
+                continue
+            formal = schema.inputs[min(i, len(schema.inputs) - 1)] if schema.inputs else None
+            if formal is None:
+                continue
+            seen = bound.setdefault(formal.type_str, (name, info[name][0]))
+            if seen[1] != info[name][0]:
+                types = onnx.TensorProto.DataType.Name
+                return (f"node {node.name or node.op_type} ({node.op_type}): input {name!r} is "
+                        f"{types(info[name][0]).lower()} but {seen[0]!r} is {types(seen[1]).lower()}; "
+                        f"inputs bound to type {formal.type_str} must agree")
+    return None
+
+
+def _value_info(model) -> dict:
+    out = {}
+    g = model.graph
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        t = vi.type.tensor_type
+        dims = None
+        if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            dims = tuple(int(d.dim_value) for d in t.shape.dim)
+        out[vi.name] = (t.elem_type, dims)
+    for init in g.initializer:
+        out[init.name] = (init.data_type, tuple(init.dims))
+    return out
