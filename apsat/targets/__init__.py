@@ -4,7 +4,7 @@
 Names: "gpu"; "systolic" (= "systolic:32x32"); "systolic:32x32" and "systolic:256x256"
 (the presets, after SCALE-Sim's scale.cfg and google.cfg); "systolic:RxC" for other sizes
 (scale.cfg's scratchpads, bandwidth and dataflow); "FILE.toml" or "systolic:FILE.toml"
-(an accelerator description, see apsat.targets.systolic.load_accelerator).
+(an accelerator description, see apsat.targets.accelerator.load_accelerator).
 """
 from __future__ import annotations
 
@@ -13,12 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from apsat.errors import ApsatError
-from apsat.targets.systolic import (
-    PRESETS,
-    Accelerator,
-    load_accelerator,
-    scale_cfg_like,
-)
+from apsat.targets.accelerator import PRESETS, Accelerator, load_accelerator, scale_cfg_like
 
 __all__ = ["PRESETS", "Accelerator", "Target", "load_accelerator", "parse_target"]
 
