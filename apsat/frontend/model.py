@@ -1,6 +1,6 @@
 """Model: an imported ONNX model, its program in the access-pattern language and weights.
 
-    model = apsat.frontend.model.load_onnx("resnet50.onnx")
+    model = apsat.load_onnx("resnet50.onnx")      # apsat.frontend.importer.load_onnx
     model.inputs              # {"data": (1, 3, 224, 224)}: true inputs only
     model.run({"data": x})    # {"prob": array}: the program on the reference interpreter
 """
@@ -67,9 +67,3 @@ def _op_type(node_bytes: bytes) -> str:
 
     return onnx.NodeProto.FromString(node_bytes).op_type
 
-
-def load_onnx(source, input_shapes: dict | None = None) -> Model:
-    """See apsat.frontend.importer.load_onnx."""
-    from apsat.frontend.importer import load_onnx as _load
-
-    return _load(source, input_shapes)
