@@ -103,5 +103,9 @@ def run_text(graph, text: str, what: str) -> list:
 
 
 def language_text() -> str:
-    """The language's egglog text: LANGUAGE_FILES joined in load order."""
-    return "\n".join(f.read_text() for f in LANGUAGE_FILES)
+    """The language's egglog text: LANGUAGE_FILES joined in load order, each file's
+    `;; @generated SECTION` lines replaced by the text the op registry generates for them
+    (apsat/lang/egg_gen.py: the op constructors and the operator classification)."""
+    from apsat.lang.egg_gen import expand
+
+    return "\n".join(expand(f.read_text()) for f in LANGUAGE_FILES)

@@ -21,11 +21,9 @@ from dataclasses import dataclass
 
 from apsat.extract.constants import weight_only_nodes
 from apsat.extract.graph import ExtractionGraph
-from apsat.extract.workload import (COPY_OPS, HOST_OPS, KERNEL_OPS, VIEW_OPS, compute_op,
-                                    flops, footprints, needs_shapes, traffic)
+from apsat.extract.workload import compute_op, flops, footprints, needs_shapes, traffic
+from apsat.lang.ops import ATOM_OPS, CONTRACTIONS, COPY_OPS, HOST_OPS, KERNEL_OPS, VIEW_OPS
 from apsat.targets.gpu import Roofline
-
-MATRIX_OPS = frozenset({"fused-dot-bias", "fused-dot-bias-act", "systolic-array"})
 
 
 @dataclass
@@ -56,7 +54,7 @@ class GpuRoofline(Roofline):
                 return self.kernel_us(0.0, reads + writes, False)
             if op in HOST_OPS:
                 return self.host_us(reads + writes)
-            matrix = op in MATRIX_OPS or (op == "compute" and compute_op(graph, nid) == "dot-product")
+            matrix = op in ATOM_OPS or (op == "compute" and compute_op(graph, nid) in CONTRACTIONS)
             return self.kernel_us(flops(graph, nid, shapes), reads + writes, matrix)
         return cost
 

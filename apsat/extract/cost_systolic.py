@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from apsat.extract.decode import expr_child_classes
 from apsat.extract.constants import weight_only_nodes
 from apsat.extract.graph import ExtractionGraph
-from apsat.extract.workload import (COPY_OPS, FLOPS_PER_OUTPUT, HOST_OPS,
-                                    KERNEL_OPS, VIEW_OPS, compute_op, elements, flops, footprints,
-                                    needs_shapes, traffic)
+from apsat.extract.workload import compute_op, flops, footprints, needs_shapes, traffic
+from apsat.lang.arithmetic import elements
+from apsat.lang.ops import COPY_OPS, FLOPS_PER_OUTPUT, HOST_OPS, KERNEL_OPS, VIEW_OPS
 from apsat.targets.pair_product import pair_product
 from apsat.targets.pair_dot import pair_dot_cost
 from apsat.targets.systolic import (HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE, PRESETS, Accelerator,

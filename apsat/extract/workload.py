@@ -1,14 +1,18 @@
 """What one e-node asks of any machine: arithmetic, elements read, elements written.
 
 Target-neutral figures that the target cost models (cost_gpu.py, cost_systolic.py) turn
-into time. Every op of the registry is classified here, once:
+into time. Every op of the registry has a role (apsat/lang/spec.py ROLES), and the classes
+below are the registry's (apsat/lang/ops.py):
 
   VIEW_OPS    access patterns that only re-index data (no kernel, nothing moved). Their
               data is read by the kernel that consumes them.
   COPY_OPS    access patterns a machine must materialise: a transpose, concatenation or
               padding is a copy (read and write every element).
-  KERNEL_OPS  compute: `compute OP`, the fused atoms, the systolic-array atom.
+  KERNEL_OPS  compute: `compute OP`, the kernel atoms (ATOM_OPS: the fused atoms, the
+              systolic-array atom).
   HOST_OPS    opaque ONNX nodes, run outside the compiled program.
+
+Arithmetic is each op's registry formula (`OpSpec.flops`, apsat/lang/arithmetic.py).
 
 Context enters the cost in three places (the issue's list; this module holds the last two):
   1. DAG cost: a shared e-class is paid once (the extractors, apsat/extract/check.dag_cost).
@@ -25,33 +29,12 @@ from __future__ import annotations
 
 import math
 
-from apsat.lang.ops import COMPUTE_OPS, OPS
 from apsat.extract.decode import compute_op_term, expr_child_classes
 from apsat.extract.graph import ExtractionGraph
-
-VIEW_OPS = frozenset({
-    "access-tensor", "access", "access-reshape", "access-flatten", "access-squeeze",
-    "access-insert-axis", "access-slice", "access-windows", "access-dilated-windows",
-    "access-cartesian-product", "access-pair", "access-broadcast", "access-literal"})
-COPY_OPS = frozenset({"access-transpose", "access-concatenate", "access-pad"})
-KERNEL_OPS = frozenset({"compute", "fused-dot-bias", "fused-dot-bias-act", "systolic-array"})
-HOST_OPS = frozenset({"opaque"})
-
-# Arithmetic per element of a compute operator's input item (dot-product, reductions and
-# n-ary ops: one multiply or add per input element) or per output element (unary ops:
-# transcendental ones cost a few operations, normalisations a pass for each statistic).
-FLOPS_PER_INPUT = {"dot-product": 1, "reduce-sum": 1, "reduce-max": 1, "reduce-mean": 1,
-                   "elementwise-add": 1, "elementwise-mul": 1, "elementwise-sub": 1,
-                   "elementwise-div": 1, "elementwise-pow": 4, "select": 1}
-FLOPS_PER_OUTPUT = {"relu": 1, "negative": 1, "clip": 2, "sqrt": 4, "exp": 4, "erf": 8,
-                    "tanh": 8, "sigmoid": 6, "gelu": 12, "softmax": 6, "layer-norm": 8, "lrn": 12}
-# Compute operators made of others, whose arithmetic is their parts' (operator_flops).
-COMPOSITE_OPS = frozenset({"chain"})
-
-
-def elements(shape) -> int:
-    """Number of elements of an access shape ((iterated), (item))."""
-    return math.prod(shape[0]) * math.prod(shape[1])
+# The registry's classes and arithmetic; backends still import some of them from here.
+from apsat.lang.arithmetic import elements, operator_flops  # noqa: F401
+from apsat.lang.ops import (COPY_OPS, FLOPS_PER_INPUT, FLOPS_PER_OUTPUT, HOST_OPS,  # noqa: F401
+                            KERNEL_OPS, OPS, VIEW_OPS)
 
 
 def needs_shapes(graph: ExtractionGraph, model: str) -> dict:
@@ -100,34 +83,18 @@ def compute_op(graph: ExtractionGraph, nid: str) -> str:
     return graph.nodes[graph.classes[graph.node_classes[nid][0]][0]]["op"]
 
 
-def operator_flops(op, inputs: float, outputs: float) -> float:
-    """Arithmetic of compute operator term `op` over `inputs` input and `outputs` output
-    elements. A chain is the sum of its parts: F over the inputs, then each unary map over
-    the outputs (F's result has the chain's output size: the maps keep it)."""
-    if op.op == "chain":
-        f, g = op.args
-        return operator_flops(f, inputs, outputs) + operator_flops(g, outputs, outputs)
-    if op.op in FLOPS_PER_INPUT:
-        return float(FLOPS_PER_INPUT[op.op] * inputs)
-    return float(FLOPS_PER_OUTPUT[op.op] * outputs)
-
-
 def flops(graph: ExtractionGraph, nid: str, shapes: dict) -> float:
-    """Arithmetic operations of a kernel node (0 for views, copies and host steps)."""
+    """Arithmetic operations of a node: its op's registry formula over the shapes of its
+    class and its operands' (0 for views, copies and host steps, which compute nothing)."""
     node = graph.nodes[nid]
-    op, kids = node["op"], expr_child_classes(graph, nid)
-    out = elements(shapes[node["eclass"]])
-    if op == "compute":
+    spec = OPS.get(node["op"])
+    if spec is None or spec.flops is None:
+        return 0.0
+    operator = None
+    if spec.signature[0] == "compute-op":
         operator = compute_op_term(graph, graph.node_classes[nid][0])
-        return operator_flops(operator, elements(shapes[kids[0]]), out)
-    if op in ("fused-dot-bias", "fused-dot-bias-act"):
-        item = math.prod(shapes[kids[0]][1])
-        act = FLOPS_PER_OUTPUT[compute_op(graph, nid)] if op == "fused-dot-bias-act" else 0
-        return float(out * (2 * item + 1 + act))
-    if op == "systolic-array":
-        (batch, _), (_, (rows, cols)) = shapes[kids[0]], shapes[kids[1]]
-        return 2.0 * math.prod(batch) * rows * cols
-    return 0.0
+    kids = [shapes.get(k) for k in expr_child_classes(graph, nid)]
+    return spec.flops(operator, shapes[node["eclass"]], kids)
 
 
 def traffic(graph: ExtractionGraph, nid: str, shapes: dict, fp: dict) -> tuple[float, float]:
@@ -138,18 +105,3 @@ def traffic(graph: ExtractionGraph, nid: str, shapes: dict, fp: dict) -> tuple[f
         return 0.0, 0.0
     reads = sum(fp.get(k, math.inf) for k in expr_child_classes(graph, nid))
     return reads, float(elements(shapes[node["eclass"]]))
-
-
-def check_classified() -> None:
-    """Raise if an op of the registry is in none or several of the op classes above, or a
-    compute operator has no arithmetic figure (tests/test_registry.py calls this)."""
-    groups = (VIEW_OPS, COPY_OPS, KERNEL_OPS, HOST_OPS)
-    for op in OPS:
-        hits = sum(op in g for g in groups)
-        if hits != 1:
-            raise AssertionError(f"op {op} is in {hits} of the workload classes (needs exactly 1)")
-    for name in COMPUTE_OPS:
-        if name in COMPOSITE_OPS:
-            continue
-        if (name in FLOPS_PER_INPUT) == (name in FLOPS_PER_OUTPUT):
-            raise AssertionError(f"compute operator {name} needs exactly one arithmetic figure")

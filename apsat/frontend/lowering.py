@@ -160,6 +160,11 @@ def lower_clip(ctx):
     return [ctx.b.compute("clip", ctx.term(0), lo, hi)]
 
 
+def lower_leaky_relu(ctx):
+    """`compute (leaky-relu alpha)`; alpha defaults to 0.01, as ONNX's."""
+    return [ctx.b.compute("leaky-relu", ctx.term(0), float(ctx.attr("alpha", 0.01)))]
+
+
 def lower_constant(ctx):
     """Constant nodes are folded at import; as data the value is a literal (one element)
     or a weight named after the output (see importer.Importer.term)."""
@@ -184,6 +189,7 @@ LOWERINGS: dict = {
     "Tanh": _unary("tanh"),
     "Sigmoid": _unary("sigmoid"),
     "Clip": lower_clip,
+    "LeakyRelu": lower_leaky_relu,
     "Constant": lower_constant,
     # layout
     "Identity": tensor.lower_identity,

@@ -16,8 +16,8 @@ im2col matrix only. Terms are walked children-first with `program.terms()` (no r
 and a value is dropped once its last consumer has run.
 
 Tables checked against the op registry by tests: `EVALUATORS[op](ev, term, vals)` for
-every ops.OPS name (`vals`: the values of term.children(), in order) and
-`COMPUTE_EVALUATORS` (from compute_semantics) for every ops.COMPUTE_OPS name.
+every ops.OPS name (`vals`: the values of term.children(), in order); `COMPUTE_EVALUATORS`
+is the registry's own (each ComputeSpec's `evaluate`, apsat/lang/semantics.py).
 """
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ from collections import Counter
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from apsat.lang.semantics import (COMPUTE_EVALUATORS, EvaluationError, LazyCartesian,
-                                              LazyPair, apply_compute, contract, dense, lazy_ok)
+from apsat.lang.ops import COMPUTE_OPS
 from apsat.lang.program import OpaqueNode, Program
+from apsat.lang.semantics import (EvaluationError, LazyCartesian, LazyPair, apply_compute,
+                                  contract, dense, lazy_ok)
 from apsat.lang.term import Term
 
 __all__ = ["evaluate", "EVALUATORS", "COMPUTE_EVALUATORS", "EvaluationError"]
@@ -37,6 +38,7 @@ __all__ = ["evaluate", "EVALUATORS", "COMPUTE_EVALUATORS", "EvaluationError"]
 OPAQUE_IR_VERSION = 10      # onnxruntime 1.31 refuses models newer than IR 13
 DEFAULT_OPSETS = (("", 21),)
 _SESSIONS: dict[bytes, tuple] = {}   # opaque-call key -> (InferenceSession, input names, output)
+COMPUTE_EVALUATORS = {name: spec.evaluate for name, spec in COMPUTE_OPS.items()}
 
 
 class _Evaluation:

@@ -14,7 +14,10 @@ that stand for arrays too large to build:
 `dense(value)` builds the array of a lazy value, refusing above `MATERIALISE_LIMIT`
 elements. Every compute evaluator is `fn(x, n_iter, params) -> ndarray`: `x` the operand's
 value, `n_iter` how many of its leading axes are iterated, `params` the operator's
-parameters (literals; for `chain`, its two operator terms). Evaluators marked `lazy_ok` may receive a lazy value; the others get `dense(x)`.
+parameters (literals; for `chain`, its two operator terms). Evaluators marked `lazy_ok` may
+receive a lazy value; the others get `dense(x)`. The registry (apsat/lang/ops.py) names each
+operator's evaluator (`ComputeSpec.evaluate`): the functions below, or for an element-wise
+operator its formula read in numpy (`map_evaluator`, `nary_evaluator`).
 Arithmetic stays in float32 (onnxruntime's precision); special functions go through
 float64 only where float32 would lose accuracy.
 """
@@ -26,6 +29,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from apsat.errors import ApsatError
+from apsat.lang import formula as fm
 
 # Elements a lazy value may have when something forces it to be built (1 GiB of float32).
 MATERIALISE_LIMIT = 2 ** 28
@@ -181,7 +185,7 @@ def _item_axes(x: np.ndarray, n_iter: int) -> tuple[int, ...]:
 
 
 @lazy_ok
-def _dot_product(x, n_iter, params):
+def dot_product(x, n_iter, params):
     """Multiply along the first item axis, sum over all item axes."""
     if isinstance(x, LazyCartesian):
         a, b = x.operands()
@@ -194,64 +198,31 @@ def _dot_product(x, n_iter, params):
     return prod.sum(axis=_item_axes(prod, n_iter), dtype=np.float32)
 
 
-def _nary(name, fold):
-    """An elementwise operator over the leading item axis: fold(acc, operand) left to
-    right (so n-ary sums round like onnxruntime's chain of Adds); pairs stay unbuilt."""
-    @lazy_ok
-    def evaluate(x, n_iter, params):
-        if isinstance(x, LazyPair):
-            return fold(x.a, x.b)
-        x = dense(x)
-        acc = _operand(x, n_iter, 0)
-        for i in range(1, x.shape[n_iter]):
-            acc = fold(acc, _operand(x, n_iter, i))
-        return acc
-    evaluate.__name__ = evaluate.__qualname__ = f"_{name.replace('-', '_')}"
-    evaluate.__doc__ = f"{name}: fold the operands along the leading item axis."
-    return evaluate
+def reduce_sum(x, n_iter, params):
+    return np.sum(x, axis=_item_axes(x, n_iter), dtype=np.float32)
 
 
-def _select(x, n_iter, params):
-    """where(item[0] != 0, item[1], item[2])."""
-    cond, yes, no = (_operand(x, n_iter, i) for i in range(3))
-    return np.where(cond != 0, yes, no)
+def reduce_mean(x, n_iter, params):
+    return np.mean(x, axis=_item_axes(x, n_iter), dtype=np.float32)
 
 
-def _reduce(fn):
-    def evaluate(x, n_iter, params):
-        return fn(x, axis=_item_axes(x, n_iter), dtype=np.float32)
-    return evaluate
-
-
-def _reduce_max(x, n_iter, params):
+def reduce_max(x, n_iter, params):
     return np.max(x, axis=_item_axes(x, n_iter))
 
 
-def _erf(x, n_iter, params):
-    """Gauss error function, math.erf in float64 (exact to double precision), chunked
-    because np.frompyfunc makes one Python float per element."""
-    flat = np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
-    out = np.empty(flat.shape, dtype=np.float32)
-    f = np.frompyfunc(math.erf, 1, 1)
-    for lo in range(0, flat.size, _ERF_CHUNK):
-        out[lo: lo + _ERF_CHUNK] = f(flat[lo: lo + _ERF_CHUNK]).astype(np.float64)
-    return out.reshape(x.shape)
+def clip(x, n_iter, params):
+    """np.clip, which keeps the sign of a zero its formula min(max(x, lo), hi) may not."""
+    return np.clip(x, np.float32(params[0]), np.float32(params[1]))
 
 
-def _sigmoid(x, n_iter, params):
-    """1 / (1 + e**-x) without overflow: uses e**-|x| on both sides of 0."""
-    z = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + z), z / (1 + z)).astype(np.float32)
-
-
-def _softmax(x, n_iter, params):
+def softmax(x, n_iter, params):
     """Softmax over all item axes jointly, shifted by the item's max for stability."""
     axes = _item_axes(x, n_iter)
     e = np.exp(x - np.max(x, axis=axes, keepdims=True))
     return e / e.sum(axis=axes, keepdims=True, dtype=np.float32)
 
 
-def _layer_norm(x, n_iter, params):
+def layer_norm(x, n_iter, params):
     """(x - mean) / sqrt(var + eps) over all item axes (population variance)."""
     axes = _item_axes(x, n_iter)
     centred = x - x.mean(axis=axes, keepdims=True, dtype=np.float32)
@@ -259,7 +230,7 @@ def _layer_norm(x, n_iter, params):
     return centred / np.sqrt(var + np.float32(params[0]))
 
 
-def _lrn(x, n_iter, params):
+def lrn(x, n_iter, params):
     """ONNX LRN across the first item axis (channels c):
     square_sum[c] = sum of x[c']^2 for c' in [c - floor((size-1)/2), c + ceil((size-1)/2)]
     within range; y = x / (bias + alpha / size * square_sum) ** beta."""
@@ -278,59 +249,82 @@ def _lrn(x, n_iter, params):
     return x / scale ** np.float32(beta)
 
 
-def _gelu(x, n_iter, params):
-    """Exact GELU in the float32 steps exporters write it in (Div, Erf, Add, Mul, Mul):
-    x * (erf(x / sqrt 2) + 1) * 0.5, so the fused operator rounds like the pattern."""
-    x = np.asarray(x, dtype=np.float32)
-    e = _erf(x / np.float32(math.sqrt(2.0)), n_iter, params)
-    return (x * (e + np.float32(1.0))) * np.float32(0.5)
-
-
-def _unary(fn):
-    def evaluate(x, n_iter, params):
-        return fn(x)
-    return evaluate
-
-
 @lazy_ok
-def _chain(x, n_iter, params):
+def chain(x, n_iter, params):
     """(chain F G): F, then G on F's result, each in its own float32 steps (so a chain
     rounds exactly like the two computes it stands for); F may take a lazy pair."""
     f, g = params
     return apply_compute(g.op, g.args, apply_compute(f.op, f.args, x, n_iter), n_iter)
 
 
-COMPUTE_EVALUATORS: dict = {
-    "dot-product": _dot_product,
-    "reduce-sum": _reduce(np.sum),
-    "reduce-max": _reduce_max,
-    "reduce-mean": _reduce(np.mean),
-    "relu": _unary(lambda x: np.maximum(x, np.float32(0))),
-    "negative": _unary(np.negative),
-    "sqrt": _unary(np.sqrt),
-    "exp": _unary(np.exp),
-    "erf": _erf,
-    "tanh": _unary(np.tanh),
-    "sigmoid": _sigmoid,
-    "clip": lambda x, n_iter, p: np.clip(x, np.float32(p[0]), np.float32(p[1])),
-    "softmax": _softmax,
-    "layer-norm": _layer_norm,
-    "lrn": _lrn,
-    "elementwise-add": _nary("elementwise-add", np.add),
-    "elementwise-mul": _nary("elementwise-mul", np.multiply),
-    "elementwise-sub": _nary("elementwise-sub", np.subtract),
-    "elementwise-div": _nary("elementwise-div", np.divide),
-    "elementwise-pow": _nary("elementwise-pow", np.power),
-    "select": _select,
-    "gelu": _gelu,
-    "chain": _chain,
+# ---- element-wise operators: their formulas (apsat/lang/formula.py) in numpy -------------------
+
+def _erf(x):
+    """Gauss error function, math.erf in float64 (exact to double precision), chunked
+    because np.frompyfunc makes one Python float per element."""
+    flat = np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
+    out = np.empty(flat.shape, dtype=np.float32)
+    f = np.frompyfunc(math.erf, 1, 1)
+    for lo in range(0, flat.size, _ERF_CHUNK):
+        out[lo: lo + _ERF_CHUNK] = f(flat[lo: lo + _ERF_CHUNK]).astype(np.float64)
+    return out.reshape(np.shape(x))
+
+
+def _sigmoid(x):
+    """1 / (1 + e**-x) without overflow: uses e**-|x| on both sides of 0."""
+    z = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + z), z / (1 + z)).astype(np.float32)
+
+
+# Each formula function in float32 numpy (formula.FUNCTIONS).
+NUMPY_FUNCTIONS = {
+    "neg": np.negative, "sqrt": np.sqrt, "exp": np.exp, "erf": _erf, "tanh": np.tanh,
+    "sigmoid": _sigmoid, "abs": np.abs, "log": np.log, "recip": lambda x: np.float32(1) / x,
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
+    "max": np.maximum, "min": np.minimum,
 }
+NUMPY = fm.Reading(
+    const=np.float32,
+    call=lambda fn, *xs: NUMPY_FUNCTIONS[fn](*xs),
+    compare=lambda kind, a, b=None: a != 0 if kind == "nz" else a >= b,
+    select=np.where,
+)
+
+
+def map_evaluator(formula: fm.Formula):
+    """The evaluator of a unary map: its formula on every value."""
+    def evaluate(x, n_iter, params):
+        return fm.interpret(formula, (x,), params, NUMPY)
+    return evaluate
+
+
+def nary_evaluator(formula: fm.Formula, fold: bool):
+    """The evaluator of an n-ary operator over the leading item axis: the formula on the
+    operands, or with `fold` on (acc, operand) left to right (so n-ary sums round like
+    onnxruntime's chain of Adds); a pair's operands are read unbuilt."""
+    @lazy_ok
+    def evaluate(x, n_iter, params):
+        if isinstance(x, LazyPair):
+            operands = [x.a, x.b]
+        else:
+            x = dense(x)
+            operands = [_operand(x, n_iter, i) for i in range(x.shape[n_iter])]
+        if not fold:
+            return fm.interpret(formula, operands, params, NUMPY)
+        acc = operands[0]
+        for o in operands[1:]:
+            acc = fm.interpret(formula, (acc, o), params, NUMPY)
+        return acc
+    return evaluate
 
 
 def apply_compute(name: str, params: tuple, x, n_iter: int) -> np.ndarray:
     """Apply compute operator `name` with literal `params` to value `x` whose first
-    `n_iter` axes are iterated; returns a float32 array (iterated dims ++ result item)."""
-    fn = COMPUTE_EVALUATORS[name]
+    `n_iter` axes are iterated; returns a float32 array (iterated dims ++ result item).
+    The operator's semantics are its registry entry's (`ComputeSpec.evaluate`)."""
+    from apsat.lang.ops import COMPUTE_OPS   # here, not at the top: the registry imports us
+
+    fn = COMPUTE_OPS[name].evaluate
     if not getattr(fn, "lazy_ok", False):
         x = dense(x)
     out = np.asarray(fn(x, n_iter, params))

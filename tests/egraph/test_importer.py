@@ -82,6 +82,8 @@ CASES = {
     "Erf": lambda: single_op("Erf", [(2, 3)]),
     "Tanh": lambda: single_op("Tanh", [(2, 3)]),
     "Sigmoid": lambda: single_op("Sigmoid", [(2, 3)]),
+    "LeakyRelu": lambda: single_op("LeakyRelu", [(2, 3)], {"alpha": 0.2}),
+    "LeakyRelu-default-alpha": lambda: single_op("LeakyRelu", [(2, 3)]),
     "Clip-inputs": lambda: single_op("Clip", [(2, 3), np.array(-0.5, np.float32), np.array(0.5, np.float32)]),
     "Clip-min-only": lambda: single_op("Clip", [(2, 3), np.array(0.0, np.float32)]),
     "Clip-opset9": lambda: single_op("Clip", [(2, 3)], {"min": -0.2, "max": 0.3}, opset=9),
@@ -202,7 +204,7 @@ def test_uncovered_nodes_become_opaque_calls(proto, calls):
 def test_opaque_call_inside_a_lowered_graph():
     """Abs between two lowered ops: the call's argument is a term, its result feeds one."""
     from onnx import helper
-    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("LeakyRelu", ["a"], ["b"], alpha=0.1),
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Abs", ["a"], ["b"]),
              helper.make_node("Add", ["b", "x"], ["y"])]
     check(models.make_model(nodes, {"x": (2, 3)}, ["y"]), opaque=1)
 

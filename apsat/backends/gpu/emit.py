@@ -48,6 +48,10 @@ class Dialect(ABC):
         """Condition text: a != 0."""
         return f"({a} != 0)"
 
+    def ge(self, a: str, b: str) -> str:
+        """Condition text: a >= b (values)."""
+        return f"({a} >= {b})"
+
     @abstractmethod
     def assign(self, name: str, text: str) -> str:
         """A statement binding `name` to `text`."""
@@ -79,15 +83,22 @@ def emit(dialect: Dialect, values: dict, syms: dict, prefix: str) -> tuple[list[
             elif tag == "call":
                 rendered = dialect.call(node[1], [text[a] for a in node[2:]], node[2:])
             elif tag == "where":
-                c = node[1]
-                ctext = dialect.nz(text[c[1]]) if c[0] == "nz" else dialect.cond(c)
-                rendered = dialect.where(ctext, text[node[2]], text[node[3]])
+                rendered = dialect.where(_condition(dialect, node[1], text), text[node[2]], text[node[3]])
             else:
                 raise AssertionError(f"unknown value node {tag!r}")
             name = f"{prefix}{len(lines)}"
             lines.append(dialect.assign(name, rendered))
             text[node] = name
     return lines, {k: text[v] for k, v in values.items()}
+
+
+def _condition(dialect: Dialect, c, text: dict) -> str:
+    """Text of a where's condition: a value condition over rendered values, or an index one."""
+    if c[0] == "nz":
+        return dialect.nz(text[c[1]])
+    if c[0] == "vge":
+        return dialect.ge(text[c[1]], text[c[2]])
+    return dialect.cond(c)
 
 
 def axis_defs(dialect: Dialect, prefix: str, dims, flat_var, assign, used=None) -> list[str]:

@@ -25,16 +25,22 @@ the emitters can share common sub-expressions (CSE):
     ("sym", name)                          a value the kernel skeleton defines (the
                                            accumulator "acc", a row's statistics)
     ("call", fn, *args)                    fn in UNARY or BINARY (below)
-    ("where", cond, a, b)                  cond: an index condition, or ("nz", value)
+    ("where", cond, a, b)                  cond: an index condition, or a value condition
+                                           ("nz", value) (value != 0) or ("vge", a, b)
+                                           (a >= b)
 
 Index conditions are ("ge", Ix, int) / ("lt", Ix, int) and are decided statically where
-the ranges allow (then they never reach the generated code).
+the ranges allow (then they never reach the generated code). The functions are those of
+the registry's scalar formulas (apsat/lang/formula.py), which views.py translates here.
 """
 from __future__ import annotations
 
-UNARY = frozenset({"neg", "relu", "sqrt", "exp", "erf", "tanh", "sigmoid", "abs", "log",
-                   "recip"})
-BINARY = frozenset({"add", "sub", "mul", "div", "pow", "max", "min"})
+from apsat.lang.formula import FUNCTIONS
+
+# The functions: exactly the registry formulas' (apsat/lang/formula.py FUNCTIONS).
+UNARY = frozenset(fn for fn, n in FUNCTIONS.items() if n == 1)
+BINARY = frozenset(fn for fn, n in FUNCTIONS.items() if n == 2)
+VALUE_CONDITIONS = ("nz", "vge")
 
 
 class Ix:
@@ -239,27 +245,29 @@ def call(fn: str, *args) -> tuple:
 
 
 def _fold(fn: str, xs: list[float]) -> float:
-    """fn on float32 constants, rounded as the reference interpreter rounds."""
-    import math
-
+    """fn on float32 constants, rounded as the reference interpreter rounds (its numpy
+    reading of the formula functions)."""
     import numpy as np
 
-    x = [np.float32(v) for v in xs]
+    from apsat.lang.semantics import NUMPY_FUNCTIONS
+
     with np.errstate(all="ignore"):
-        table = {"neg": lambda: -x[0], "relu": lambda: max(x[0], np.float32(0)),
-                 "sqrt": lambda: np.sqrt(x[0]), "exp": lambda: np.exp(x[0]),
-                 "erf": lambda: np.float32(math.erf(float(x[0]))), "tanh": lambda: np.tanh(x[0]),
-                 "sigmoid": lambda: np.float32(1) / (np.float32(1) + np.exp(-x[0])),
-                 "abs": lambda: abs(x[0]), "log": lambda: np.log(x[0]),
-                 "recip": lambda: np.float32(1) / x[0],
-                 "add": lambda: x[0] + x[1], "sub": lambda: x[0] - x[1], "mul": lambda: x[0] * x[1],
-                 "div": lambda: x[0] / x[1], "pow": lambda: np.power(x[0], x[1]),
-                 "max": lambda: np.maximum(x[0], x[1]), "min": lambda: np.minimum(x[0], x[1])}
-        return float(np.float32(table[fn]()))
+        return float(np.float32(NUMPY_FUNCTIONS[fn](*(np.float32(v) for v in xs))))
+
+
+def vge(a, b):
+    """The value condition a >= b; True or False when both are literals (folded, as
+    `call` folds)."""
+    if a[0] == "const" and b[0] == "const":
+        import numpy as np
+
+        return bool(np.float32(a[1]) >= np.float32(b[1]))
+    return ("vge", a, b)
 
 
 def where(cond, a, b) -> tuple:
-    """a where cond holds, else b (cond: an index condition, True/False, or ("nz", value))."""
+    """a where cond holds, else b (cond: an index condition, True/False, or a value
+    condition ("nz", value) / ("vge", a, b))."""
     if cond is True:
         return a
     if cond is False:
@@ -290,8 +298,9 @@ def value_children(v) -> tuple:
     if tag == "call":
         return v[2:]
     if tag == "where":
-        kids = (v[2], v[3])
-        return ((v[1][1],) + kids) if isinstance(v[1], tuple) and v[1][0] == "nz" else kids
+        cond = v[1]
+        values = cond[1:] if isinstance(cond, tuple) and cond[0] in VALUE_CONDITIONS else ()
+        return tuple(values) + (v[2], v[3])
     return ()
 
 

@@ -46,13 +46,12 @@ from apsat.backends.gpu.views import (
     is_elementwise,
     n_iter,
 )
+from apsat.lang.formula import FUNCTION_FLOPS
 from apsat.lang.program import Program
 from apsat.lang.term import Term
 
-# Arithmetic per evaluation of a kernel function (the figures of apsat/extract/workload.py).
-FN_FLOPS = {"add": 1, "sub": 1, "mul": 1, "div": 1, "max": 1, "min": 1, "neg": 1, "abs": 1,
-            "recip": 1, "sqrt": 4, "exp": 4, "log": 4, "erf": 8, "tanh": 8, "sigmoid": 6,
-            "pow": 4}
+# Arithmetic per evaluation of a kernel function: the registry formulas' figures.
+FN_FLOPS = FUNCTION_FLOPS
 
 
 # ---- analysis ---------------------------------------------------------------------------------

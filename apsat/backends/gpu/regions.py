@@ -19,13 +19,14 @@ import math
 from apsat.backends.gpu.emit import used_vars
 from apsat.backends.gpu.expr import call, const, var
 from apsat.backends.gpu.views import Values, unary
-from apsat.lang.ops import chain_parts
+from apsat.lang.ops import ATOM_OPS, COMPUTE_OPS, LOCAL_OPS, chain_parts
 from apsat.lang.term import Term
 
 ACC = ("sym", "acc")
-MATRIX_ATOMS = frozenset({"fused-dot-bias", "fused-dot-bias-act", "systolic-array"})
-REDUCTIONS = frozenset({"reduce-sum", "reduce-max", "reduce-mean", "softmax", "layer-norm",
-                        "dot-product"})
+MATRIX_ATOMS = ATOM_OPS
+# Operators that need a kernel of their own: every one a kernel cannot compute inline
+# (dot-products, reductions, normalisations over the item).
+REDUCTIONS = frozenset(COMPUTE_OPS) - LOCAL_OPS
 
 def natural(program, t: Term, buffers) -> dict:
     """t's kernel before any epilogue chain: kind, axes, operand values, the value at

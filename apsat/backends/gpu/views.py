@@ -30,22 +30,22 @@ from apsat.backends.gpu.expr import (
     lt,
     mul,
     unflat,
+    vge,
     where,
 )
-from apsat.lang.ops import chain_parts
+from apsat.lang import formula as fm
+from apsat.lang.ops import COMPUTE_OPS, ELEMENTWISE_OPS, LOCAL_OPS, NARY_OPS, UNARY_MAPS, chain_parts
 from apsat.lang.term import Term
 from apsat.errors import ApsatError
 
-# Element-wise compute operators: one output element from the same element of the
-# operand(s). POINTWISE may lie on an epilogue path; lrn reads channel neighbours, so it
-# inlines into a kernel but cannot be a step of such a path. A chain reads its operand as
-# its first part does (`leading`), unary or n-ary; its other parts are unary maps.
-UNARY_OPS = frozenset({"relu", "negative", "sqrt", "exp", "erf", "tanh", "sigmoid", "clip", "gelu"})
-NARY_OPS = frozenset({"elementwise-add", "elementwise-mul", "elementwise-sub",
-                      "elementwise-div", "elementwise-pow", "select"})
-POINTWISE = UNARY_OPS | NARY_OPS | {"chain"}
-ELEMENTWISE = POINTWISE | {"lrn"}
-SQRT2 = float(math.sqrt(2.0))
+# Element-wise compute operators (the registry's): one output element from the same
+# element of the operand(s), computed by the operator's formula. POINTWISE may lie on an
+# epilogue path; ELEMENTWISE (the registry's local operators) inline into a kernel: lrn
+# reads channel neighbours, so it inlines but cannot be a step of such a path. A chain
+# reads its operand as its first part does (`leading`), unary or n-ary; its other parts
+# are unary maps.
+POINTWISE = ELEMENTWISE_OPS
+ELEMENTWISE = LOCAL_OPS
 
 
 class Unsupported(ApsatError):
@@ -201,7 +201,7 @@ class Values:
         if name == "chain":
             f, g = params
             return unary(g.op, g.args, self._apply(f, x_term, idx, conds))
-        if name in UNARY_OPS:
+        if name in UNARY_MAPS:
             return unary(name, params, self.value(x_term, idx, conds))
         n = n_iter(self.program, x_term)
         if name == "lrn":
@@ -234,18 +234,25 @@ def _f32(v: float) -> float:
     return float(np.float32(v))
 
 
+def _call(fn: str, *args):
+    """A formula's function as kernel values: `pow` through pow_value (literal exponents
+    become multiplications), the others as they are."""
+    return pow_value(*args) if fn == "pow" else call(fn, *args)
+
+
+# How kernels read a registry formula (apsat/lang/formula.py): literals rounded to float32.
+KERNEL = fm.Reading(
+    const=lambda c: fconst(_f32(c)),
+    call=_call,
+    compare=lambda kind, a, b=None: ("nz", a) if kind == "nz" else vge(a, b),
+    select=where,
+)
+
+
 def unary(name: str, params: tuple, x):
-    """The value of a unary element-wise operator applied to x (the reference's steps)."""
-    if name == "relu":
-        return call("max", x, fconst(0.0))
-    if name == "negative":
-        return call("neg", x)
-    if name == "clip":
-        return call("min", call("max", x, fconst(_f32(params[0]))), fconst(_f32(params[1])))
-    if name == "gelu":     # x * (erf(x / sqrt 2) + 1) * 0.5, as reference._gelu rounds it
-        e = call("erf", call("div", x, fconst(_f32(SQRT2))))
-        return call("mul", call("mul", x, call("add", e, fconst(1.0))), fconst(0.5))
-    return call(name, x)
+    """The value of unary map `name` with `params` applied to x: its registry formula, in
+    the reference's float32 steps."""
+    return fm.interpret(COMPUTE_OPS[name].scalar, (x,), params, KERNEL)
 
 
 def pow_value(a, b):
@@ -269,16 +276,15 @@ def pow_value(a, b):
 
 
 def nary(name: str, ops: list):
-    """Fold the operands of an n-ary operator left to right, like the reference."""
-    if name == "select":
-        return where(("nz", ops[0]), ops[1], ops[2])
-    if name == "elementwise-pow":
-        return pow_value(ops[0], ops[1])
-    fn = {"elementwise-add": "add", "elementwise-mul": "mul", "elementwise-sub": "sub",
-          "elementwise-div": "div"}[name]
+    """The value of n-ary operator `name` over its operands' values: its registry formula,
+    folded left to right over the operands when the operator takes two or more (like the
+    reference)."""
+    spec = COMPUTE_OPS[name]
+    if spec.arity:
+        return fm.interpret(spec.scalar, ops, (), KERNEL)
     acc = ops[0]
     for o in ops[1:]:
-        acc = call(fn, acc, o)
+        acc = fm.interpret(spec.scalar, (acc, o), (), KERNEL)
     return acc
 
 
@@ -309,7 +315,7 @@ def epilogue_path(program, root: Term, is_candidate, uses, buffers) -> tuple | N
                 continue
         op = t.op
         nxt = []
-        if op == "compute" and leading(t.args[0]) in UNARY_OPS and pending is None:
+        if op == "compute" and leading(t.args[0]) in UNARY_MAPS and pending is None:
             nxt = [(1, None)]
         elif op == "compute" and leading(t.args[0]) in NARY_OPS and pending is None:
             nxt = [(1, n_iter(program, t.args[1]))]

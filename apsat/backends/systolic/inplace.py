@@ -23,9 +23,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from apsat.lang.ops import ATOM_OPS
 from apsat.lang.term import Term
 
-GEMM_OPS = ("systolic-array", "fused-dot-bias", "fused-dot-bias-act")
+GEMM_OPS = ATOM_OPS     # the registry's kernel atoms: each lowers to a GEMM
 
 
 @dataclass(frozen=True)

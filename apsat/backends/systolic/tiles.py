@@ -60,7 +60,7 @@ class Gemm:
     def epilogue_ops(self) -> float:
         """Vector operations per output of the epilogue (the cost model's figures)."""
         from apsat.backends.systolic.vector import operator_term
-        from apsat.extract.workload import operator_flops
+        from apsat.lang.arithmetic import operator_flops
 
         ops = 0.0
         if self.act is not None:

@@ -31,13 +31,14 @@ from functools import lru_cache
 
 from apsat.backends.systolic import inplace
 from apsat.backends.systolic.isa import Copy, Operand, Region, Slot, Store, Vec
-from apsat.lang.ops import COMPUTE_OPS
+from apsat.lang.ops import COMPUTE_OPS, NARY_OPS, UNARY_MAPS
 
-UNARY = frozenset({"relu", "negative", "sqrt", "exp", "erf", "tanh", "sigmoid", "clip", "gelu"})
-PAIRWISE = frozenset({"elementwise-add", "elementwise-mul", "elementwise-sub", "elementwise-div",
-                      "elementwise-pow"})
-# Operators that combine values across the item's first axis only (the rest independent).
-FIRST_AXIS = PAIRWISE | {"lrn", "select"}
+# The registry's operator classes: unary maps run as maps, n-ary operators that take two
+# operands as zips over a pair, operators that combine values across the item's first
+# axis only (the rest independent) as axis0 tiles when an item does not fit.
+UNARY = UNARY_MAPS
+PAIRWISE = frozenset(n for n in NARY_OPS if COMPUTE_OPS[n].arity in (0, 2))
+FIRST_AXIS = frozenset(n for n, s in COMPUTE_OPS.items() if s.first_axis)
 
 
 def op_text(op) -> str:
@@ -45,8 +46,8 @@ def op_text(op) -> str:
     `(chain elementwise-add relu)`. A chain runs as one VEC with this text: a zip when its
     first part is pairwise over an access-pair, a map when every part is unary, else a row
     (a chain over n-ary operands whose item does not fit a scratchpad half is a HOST step:
-    FIRST_AXIS names no chain); the simulator evaluates the text through
-    compute_semantics, which applies the parts in order."""
+    FIRST_AXIS names no chain); the simulator evaluates the text through the reference
+    semantics (apsat.lang.semantics.apply_compute), which applies the parts in order."""
     from apsat.lang.syntax import compute_op_text
 
     return compute_op_text(op)
@@ -54,7 +55,7 @@ def op_text(op) -> str:
 
 def parse_op(text: str) -> tuple[str, tuple]:
     """(name, params) of an operator written by op_text; a chain's params are its two
-    operator terms (what compute_semantics.apply_compute takes)."""
+    operator terms (what apsat.lang.semantics.apply_compute takes)."""
     op = operator_term(text)
     return op.op, op.args
 

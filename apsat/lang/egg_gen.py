@@ -1,0 +1,104 @@
+"""The per-op egglog text of the language, generated from the op registry.
+
+The language's egglog files (language.egg, shape_rules.egg) are hand-written where the text
+is not per-op: the shape store, the list helpers, the relational shape rules. Where per-op
+text goes, a file has a marker line `;; @generated SECTION` that `expand` replaces with
+SECTIONS[SECTION] (apsat/egraph/egglog_io.language_text does, on load):
+
+  compute-ops      `(datatype ComputeOp ...)`: one constructor per ops.COMPUTE_OPS entry,
+                   in registry order, its parameters' sorts from `params`
+  exprs            `(datatype* (Expr ...) (ExprList ...))`: one constructor per ops.OPS
+                   entry, in registry order, its argument sorts from `signature`
+  classification   the relations classifying compute operators and one rule per operator
+                   asserting its facts, from `kind`, `arity`, `axis_needed`, `activation`
+
+Constructor order and names are the registry's, so the e-graph's tables (and so everything
+egglog does) are the same whether an op was written here by hand or generated.
+"""
+from __future__ import annotations
+
+import re
+
+from apsat.lang.ops import COMPUTE_OPS, OPS
+
+# egglog sort of each argument kind (ops.py's module doc lists the kinds).
+SORTS = {"expr": "Expr", "int": "i64", "float": "f64", "name": "String", "list": "IList",
+         "shape": "IList", "exprs": "ExprList", "access-shape": "AccessShape",
+         "pad-type": "PadType", "compute-op": "ComputeOp"}
+MARKER = re.compile(r"^;; @generated ([a-z-]+)[^\n]*$", re.M)
+
+CLASSIFICATION_HEAD = """\
+; Classification of the compute operators (generated from ops.COMPUTE_OPS: `kind`, `arity`,
+; `axis_needed`, `activation`). One rule per operator (not top-level facts) so each fires
+; once, when the operator first appears, asserting all its facts in one step, and
+; parameterised operators are classified the same way.
+(relation item-scalar (ComputeOp))          ; item -> ()
+(relation item-keep (ComputeOp))            ; item -> item
+(relation item-nary (ComputeOp i64))        ; item -> item[1:], item[0] operands (0: at least 2)
+(relation item-needs-axis (ComputeOp))      ; the item must have an axis
+(relation unary-map (ComputeOp))            ; a unary element-wise map (item -> item, per value)
+(relation elementwise-op (ComputeOp))       ; unary maps, n-ary operators, chains of them
+(relation activation (ComputeOp))           ; a fused matmul atom may apply it (ops.ACTIVATIONS)
+"""
+
+
+def _constructor(name: str, kinds) -> str:
+    return "(" + " ".join([name] + [SORTS[k] for k in kinds]) + ")"
+
+
+def compute_ops_text() -> str:
+    """`(datatype ComputeOp ...)` with every registry operator's constructor."""
+    ctors = [_constructor(s.egg, s.params) for s in COMPUTE_OPS.values()]
+    return "(datatype ComputeOp\n  " + "\n  ".join(ctors) + ")"
+
+
+def exprs_text() -> str:
+    """`(datatype* (Expr ...) (ExprList ...))` with every registry op's constructor."""
+    ctors = [_constructor(s.name, s.signature) for s in OPS.values()]
+    return ("(datatype*\n  (Expr\n    " + "\n    ".join(ctors) + ")\n"
+            "  (ExprList (enil) (econs Expr ExprList)))")
+
+
+def facts(spec) -> list[str]:
+    """The classification facts of one compute operator, about `o`."""
+    out = []
+    if spec.kind in ("contraction", "reduction"):
+        out.append("(item-scalar o)")
+    elif spec.kind in ("map", "item"):
+        out.append("(item-keep o)")
+    elif spec.kind == "nary":
+        out.append(f"(item-nary o {spec.arity})")
+    if spec.axis_needed:
+        out.append("(item-needs-axis o)")
+    if spec.kind == "map":
+        out.append("(unary-map o)")
+    if spec.activation:
+        out.append("(activation o)")
+    return out
+
+
+def classification_text() -> str:
+    """The classification relations and one rule per operator (chain's facts follow
+    from its parts, by the hand-written rules of shape_rules.egg)."""
+    rules = []
+    for spec in COMPUTE_OPS.values():
+        if spec.kind == "chain":
+            continue
+        pattern = " ".join([spec.egg] + [f"p{i}" for i in range(len(spec.params))])
+        rules.append(f"(rule ((= o ({pattern}))) ({' '.join(facts(spec))}) :ruleset shapes)")
+    return CLASSIFICATION_HEAD + "\n".join(rules)
+
+
+SECTIONS = {"compute-ops": compute_ops_text, "exprs": exprs_text,
+            "classification": classification_text}
+
+
+def expand(text: str) -> str:
+    """`text` with every `;; @generated SECTION` marker line replaced by that section's
+    text. ValueError for an unknown section."""
+    def section(match):
+        name = match.group(1)
+        if name not in SECTIONS:
+            raise ValueError(f"unknown generated section {name!r} (known: {', '.join(SECTIONS)})")
+        return SECTIONS[name]()
+    return MARKER.sub(section, text)
