@@ -39,8 +39,8 @@ from apsat.lang.arithmetic import elements
 from apsat.lang.ops import COPY_OPS, FLOPS_PER_OUTPUT, HOST_OPS, KERNEL_OPS, VIEW_OPS
 from apsat.targets.pair_product import pair_product
 from apsat.targets.pair_dot import pair_dot_cost
-from apsat.targets.systolic import (HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE, PRESETS, Accelerator,
-                                    dram_cycles, vector_cycles)
+from apsat.targets.accelerator import PRESETS, Accelerator
+from apsat.targets.systolic import HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE, dram_cycles, vector_cycles
 from apsat.targets.vector_share import product_cycles
 
 

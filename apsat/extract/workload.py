@@ -31,10 +31,8 @@ import math
 
 from apsat.extract.decode import compute_op_term, expr_child_classes
 from apsat.extract.graph import ExtractionGraph
-# The registry's classes and arithmetic; backends still import some of them from here.
-from apsat.lang.arithmetic import elements, operator_flops  # noqa: F401
-from apsat.lang.ops import (COPY_OPS, FLOPS_PER_INPUT, FLOPS_PER_OUTPUT, HOST_OPS,  # noqa: F401
-                            KERNEL_OPS, OPS, VIEW_OPS)
+from apsat.lang.arithmetic import elements
+from apsat.lang.ops import OPS, VIEW_OPS
 
 
 def needs_shapes(graph: ExtractionGraph, model: str) -> dict:

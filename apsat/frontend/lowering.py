@@ -15,7 +15,8 @@ import onnx
 
 from apsat.frontend import lowering_nn as nn
 from apsat.frontend import lowering_tensor as tensor
-from apsat.frontend.lowering_tensor import Builder, Unlowerable
+from apsat.frontend.builder import Builder
+from apsat.frontend.lowering_tensor import Unlowerable
 
 FLOAT_MAX = 3.4028234663852886e38     # Clip's default bounds: float32's range
 

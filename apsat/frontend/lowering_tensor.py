@@ -13,8 +13,6 @@ import math
 
 import numpy as np
 
-# Not used here: lowering.py imports Builder from this module, where it used to live.
-from apsat.frontend.builder import Builder  # noqa: F401
 
 
 class Unlowerable(Exception):

@@ -57,9 +57,6 @@ import numbers
 from dataclasses import dataclass
 
 from apsat.targets.accelerator import FLEX, FLEX_DATAFLOWS, OS_BLOCKED, Accelerator
-# Not used here: apsat/targets/__init__.py and extract/cost_systolic.py still import these
-# from this module, where the accelerator's description used to live.
-from apsat.targets.accelerator import PRESETS, load_accelerator, scale_cfg_like  # noqa: F401
 from apsat.errors import ApsatError
 
 HOST_MACS_PER_CYCLE = 1.0       # a scalar host core, in accelerator cycles

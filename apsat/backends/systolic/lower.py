@@ -54,7 +54,7 @@ from apsat.backends.systolic.views import dims_after, footprint
 from apsat.lang.program import Program
 from apsat.lang.term import Term
 from apsat.errors import ApsatError
-from apsat.extract.workload import COPY_OPS, VIEW_OPS
+from apsat.lang.ops import COPY_OPS, VIEW_OPS
 from apsat.targets.accelerator import Accelerator
 
 

@@ -13,7 +13,7 @@ one the extractor's cost model uses (nothing is re-derived here):
            (each scratchpad has its own, SCALE-Sim's model).
   COPY     max of dram_cycles of its reads (ifmap interface) and writes (ofmap interface).
   VEC      vector_cycles(acc, elements, ops per element), the operator's arithmetic from
-           apsat.extract.workload (the cost model's table); dot and dotacc
+           apsat.lang.arithmetic (the registry's figures); dot and dotacc
            VECTOR_OPS_PER_MAC a MAC (targets.pair_dot).
   HOST     the cost model's host figures: a hand-off, one MAC a cycle for a dot-product,
            and its DRAM traffic.
@@ -35,7 +35,7 @@ import math
 
 from apsat.backends.systolic.isa import ARRAY, DOT_MODES, Copy, Host, Load, Matmul, Preload, Store, Stream, Vec
 from apsat.backends.systolic.vector import operator_term
-from apsat.extract.workload import operator_flops
+from apsat.lang.arithmetic import operator_flops
 from apsat.targets.pair_dot import VECTOR_OPS_PER_MAC
 from apsat.targets.accelerator import OS_BLOCKED
 from apsat.targets.systolic import HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE, dram_cycles, gemm_cost, vector_cycles

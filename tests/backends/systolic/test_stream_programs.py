@@ -224,7 +224,7 @@ CHAINS = [
 @pytest.mark.parametrize("op,operand,mode", CHAINS, ids=[c[2] for c in CHAINS])
 def test_chain_operator_is_one_vec_instruction(op, operand, mode):
     from apsat.backends.systolic.timing import vec_cycles
-    from apsat.extract.workload import operator_flops
+    from apsat.lang.arithmetic import operator_flops
     from apsat.lang.syntax import parse_compute_op
     from apsat.targets.systolic import vector_cycles
 
