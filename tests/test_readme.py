@@ -128,3 +128,18 @@ def test_readme_optimize_example_runs(tmp_path):
     if claimed:     # the prose's count of fused kernels in program.txt
         report = json.loads((out / "report.json").read_text())
         assert report["ops_after"].get("fused-dot-bias-act") == int(claimed.group(1)), report["ops_after"]
+
+
+def test_readme_language_tables_name_every_registry_op():
+    """The language's two tables list every op and compute operator of the registry, so
+    adding an op to the registry without the README fails here."""
+    from apsat.lang.ops import COMPUTE_OPS, OPS
+
+    text = README.read_text()
+    section = text[text.index("## The language"):text.index("## Writing a rule")]
+    table_cells = " ".join(line for line in section.splitlines() if line.startswith("|"))
+    named = set(re.findall(r"`\(?([a-z][a-z0-9-]*)", table_cells))
+    spelled = {n for n in named} | {f"elementwise-{x}" for x in ("add", "mul", "sub", "div", "pow")
+                                    if "elementwise-add/mul" in table_cells}
+    missing = sorted((set(OPS) | set(COMPUTE_OPS)) - spelled)
+    assert not missing, f"README's language tables do not name {missing}"
