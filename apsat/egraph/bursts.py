@@ -1,17 +1,32 @@
 """Running rulesets in bursts under iteration, node and time limits (EGraph.run).
 
 egglog cannot stop inside a `run-schedule`, so the driver runs short bursts and checks the
-limits between them; near the node limit it runs single iterations whose match limit is
-the room left divided by the most e-nodes one match can add (counted from the rules'
-right-hand sides when they are loaded: `record_rule_sizes`). Split out of egraph.py, which
-keeps the e-graph itself; these functions use its private helpers (`_run`,
-`_node_count`, `_saturate_shapes`) by design.
+limits between them. Split out of driver.py, which keeps the e-graph itself; these
+functions use its private helpers (`_run`, `_node_count`, `_saturate_shapes`) by design.
+
+Node limit: the driver predicts the next burst's growth from the measured per-iteration
+growth factor of the last burst (a doubling before any is measured). Far from the limit
+bursts double in length, cut so the prediction adds at most half the room left, and to
+one iteration once the room is below what the last burst added; rules may apply up to
+`match_limit` matches each per iteration. Once the next iteration is predicted to
+overflow ("near"), every iteration is single and runs under the match limit `room // B`,
+B = EGraph.growth_per_match(the rulesets) (the most e-nodes one match of every rule can
+add, counted from the rules' right-hand sides when they are loaded: `record_rule_sizes`),
+so it cannot add more than the room. When such an iteration adds no node but changes
+something (a rule held back), doubled match limits are probed on a copy (egglog
+push/pop) and the first that adds nodes within the limit is granted for one iteration
+(`_grant`); one that overflows stops with "node_limit" (under the limit: what is left
+does not fit), one that changes nothing with "saturated". So a phase ends over its node
+limit only when an iteration far from it grew past the whole room: `overshoot` and
+`last_burst` report it (at most that burst's growth, a single iteration unless its
+prediction was off by more than 2x).
 """
 from __future__ import annotations
 
 import math
 import re
 import time
+from dataclasses import dataclass, field
 
 from egglog import bindings
 
@@ -24,6 +39,41 @@ from apsat.errors import EGraphError
 SHAPE_RULE_NAMES = set(re.findall(r':name "([^"]+)"', language_text()))
 
 
+@dataclass(frozen=True)
+class Limits:
+    """The limits of one EGraph.run call (its keyword arguments), and when it started."""
+
+    iter_limit: int
+    node_limit: int
+    time_limit: float
+    match_limit: int
+    ban_length: int
+    start: float
+
+    @property
+    def deadline(self) -> float:
+        return self.start + self.time_limit
+
+
+@dataclass
+class Progress:
+    """What run() carries from one burst to the next."""
+
+    nodes: int                 # Expr e-nodes now
+    iterations: int = 0
+    probes: int = 0            # iterations run on a copy and rolled back
+    k: int = 0                 # iterations in the last burst
+    grown: int = 0             # e-nodes the last burst added
+    factor: float = 2.0        # growth per iteration measured in the last burst
+    per_iter_s: float = 0.0    # seconds per iteration in the last burst
+    near: bool = False         # the next iteration may overflow the node limit
+    granted: int = 0           # match limit granted by probing, for the next iteration only
+    last_grant: int = 0        # the largest one granted so far: probing restarts from it
+    last: dict | None = None   # the report's "last_burst"
+    matches: dict = field(default_factory=dict)
+    log: list = field(default_factory=list)
+
+
 def run(eg, rulesets, iter_limit: int = 30, node_limit: int = 100_000,
         time_limit: float = 10.0, match_limit: int = 100_000, ban_length: int = 2) -> dict:
     """Run the named rulesets (a name or a list) until saturation or a limit.
@@ -34,23 +84,8 @@ def run(eg, rulesets, iter_limit: int = 30, node_limit: int = 100_000,
     those matches and is banned for `ban_length` iterations, doubling), one
     iteration being one step of every named ruleset and four of `shapes`. Between
     bursts shapes are saturated and checked (ShapeError on a conflict or an
-    ill-shaped node) and sizes and time compared with the limits.
-
-    Node limit: egglog cannot stop inside a burst, so the driver predicts from the
-    measured per-iteration growth factor of the last burst (a doubling before any is
-    measured). Far from the limit bursts double in length, cut so the prediction
-    adds at most half the room left, and to one iteration once the room is below
-    what the last burst added; rules may apply up to `match_limit` matches each per
-    iteration. Once the next iteration is predicted to overflow, every iteration is
-    single and runs under the match limit `room // B`, B = growth_per_match(the
-    rulesets), so it cannot add more than the room. When such an iteration adds no
-    node but changes something (a rule held back), doubled match limits are probed on
-    a copy (egglog push/pop) and the first that adds nodes within the limit is
-    granted for one iteration; one that overflows stops with "node_limit" (under
-    the limit: what is left does not fit), one that changes nothing with
-    "saturated". So a phase ends over its node limit only when an iteration far from
-    it grew past the whole room: `overshoot` and `last_burst` report it (at most that
-    burst's growth, a single iteration unless its prediction was off by more than 2x).
+    ill-shaped node) and sizes and time compared with the limits; how bursts are
+    sized near the node limit is in this module's docstring.
 
     Returns {"rulesets", "iterations", "bursts", "stop_reason" ("saturated",
     "iter_limit", "node_limit" or "time_limit"), "nodes_before", "nodes_after",
@@ -63,78 +98,93 @@ def run(eg, rulesets, iter_limit: int = 30, node_limit: int = 100_000,
     for name in names:
         if name not in eg._rulesets:
             raise EGraphError(f"unknown ruleset {name!r}; loaded: {', '.join(eg.rulesets)}")
-    start = time.perf_counter()
-    nodes_before = nodes = eg._node_count()
+    lim = Limits(iter_limit, node_limit, time_limit, match_limit, ban_length, time.perf_counter())
+    p = Progress(nodes=eg._node_count())
+    nodes_before = p.nodes
     # A few shape steps per iteration so rules guarded by shapes see new nodes; the
     # full (bounded) saturation runs between bursts.
     step = " ".join(f"(run-with bo {n})" for n in names) + " (repeat 4 (run shapes))"
     per_match = max(1, eg.growth_per_match(names))
-    iterations, probes, matches, log = 0, 0, {}, []
-    # Before any growth is measured, assume an iteration may double the graph.
-    k, grown, factor, per_iter_s = 0, 0, 2.0, 0.0
-    last, near, granted, last_grant = None, False, 0, 0
     while True:
-        elapsed = time.perf_counter() - start
-        if iterations >= iter_limit:
-            stop = "iter_limit"
+        stop = _limit_reached(p, lim)
+        if stop:
             break
-        if elapsed >= time_limit:
-            stop = "time_limit"
-            break
-        room = node_limit - nodes
-        if room <= 0:
+        burst = _next_burst(p, lim, per_match)
+        if burst is None:
             stop = "node_limit"
             break
-        # Geometric prediction from the last burst (exploratory rules multiply the
-        # graph): near once the next iteration is predicted to overflow. Once near,
-        # stay near: a throttled iteration's small growth says nothing about what the
-        # held-back rules would add.
-        near = near or room < nodes * (factor - 1.0)
-        if near:
-            # room // per_match: even if every rule applied that many matches, each
-            # adding all its right-hand side, the iteration would fit in the room.
-            k, limit = 1, min(match_limit, max(granted, room // per_match))
-            if limit == 0:
-                stop = "node_limit"
-                break
-        else:
-            # Single iterations once the room is below what the last burst added.
-            k = 1 if room < grown else min(2 * k or 1, iter_limit - iterations)
-            if per_iter_s > 0:      # aim to land inside the time limit
-                k = min(k, max(1, int((time_limit - elapsed) / per_iter_s / 2)))
-            if factor > 1.0:        # and to add at most half the room
-                k = min(k, max(1, int(math.log1p(room / (2 * nodes)) / math.log(factor))))
-            limit = match_limit
-        t0 = time.perf_counter()
-        out = eg._run(_schedule(step, k, limit, ban_length), f"running {' '.join(names)}")
-        per_iter_s = (time.perf_counter() - t0) / k
-        iterations, granted = iterations + k, 0
-        report = out[0].report
-        for rule, count in report.num_matches_per_rule.items():
-            if ":ruleset shapes" not in rule and rule not in SHAPE_RULE_NAMES:
-                matches[rule] = matches.get(rule, 0) + count
-        eg._saturate_shapes()
-        now = eg._node_count()
-        grown, factor = now - nodes, (now / max(nodes, 1)) ** (1.0 / k)
-        nodes = now
-        last = {"iterations": k, "nodes_added": grown, "match_limit": int(limit)}
-        log.append([k, int(limit), nodes])
-        if not report.updated:   # back-off reports an update while it holds a rule banned
-            stop = "saturated"
+        k, limit = burst
+        if not _burst(eg, p, step, k, limit, lim.ban_length, names):
+            stop = "saturated"   # (back-off reports an update while it holds a rule banned)
             break
-        if near and grown == 0:
-            # Only rules held back by the match limit (or unions) are left. Try them
-            # under doubled limits on a copy (push/pop) and grant the first limit
-            # that adds nodes and still fits; one that overflows ends the phase.
-            granted, tried, stop = _grant(eg, step, max(2 * limit, last_grant), match_limit, ban_length,
-                                               nodes, node_limit, start + time_limit)
-            probes, last_grant = probes + tried, max(last_grant, granted)
+        if p.near and p.grown == 0:
+            # Only rules held back by the match limit (or unions) are left: probe them.
+            p.granted, tried, stop = _grant(eg, step, max(2 * limit, p.last_grant), lim.match_limit,
+                                            lim.ban_length, p.nodes, lim.node_limit, lim.deadline)
+            p.probes, p.last_grant = p.probes + tried, max(p.last_grant, p.granted)
             if stop:
                 break
-    return {"rulesets": names, "iterations": iterations, "bursts": len(log), "stop_reason": stop,
-            "nodes_before": nodes_before, "nodes_after": nodes, "node_limit": node_limit,
-            "overshoot": max(0, nodes - node_limit), "last_burst": last, "burst_log": log,
-            "probes": probes, "seconds": round(time.perf_counter() - start, 4), "rule_matches": matches}
+    return {"rulesets": names, "iterations": p.iterations, "bursts": len(p.log), "stop_reason": stop,
+            "nodes_before": nodes_before, "nodes_after": p.nodes, "node_limit": node_limit,
+            "overshoot": max(0, p.nodes - node_limit), "last_burst": p.last, "burst_log": p.log,
+            "probes": p.probes, "seconds": round(time.perf_counter() - lim.start, 4),
+            "rule_matches": p.matches}
+
+
+def _limit_reached(p: Progress, lim: Limits) -> str | None:
+    """The stop reason when the iteration, time or node limit is already reached."""
+    if p.iterations >= lim.iter_limit:
+        return "iter_limit"
+    if time.perf_counter() - lim.start >= lim.time_limit:
+        return "time_limit"
+    if lim.node_limit - p.nodes <= 0:
+        return "node_limit"
+    return None
+
+
+def _next_burst(p: Progress, lim: Limits, per_match: int) -> tuple[int, int] | None:
+    """(iterations, match limit) of the next burst; None when near the node limit and not
+    even one match fits.
+
+    Near the node limit (the next iteration predicted to overflow by the geometric growth
+    of the last burst: exploratory rules multiply the graph) it is one iteration under
+    `room // per_match`: even if every rule applied that many matches, each adding all its
+    right-hand side, the iteration would fit. Once near, stay near: a throttled
+    iteration's small growth says nothing about what the held-back rules would add."""
+    elapsed = time.perf_counter() - lim.start
+    room = lim.node_limit - p.nodes
+    p.near = p.near or room < p.nodes * (p.factor - 1.0)
+    if p.near:
+        limit = min(lim.match_limit, max(p.granted, room // per_match))
+        return (1, limit) if limit else None
+    # Far: double the burst; single iterations once the room is below what the last one added
+    k = 1 if room < p.grown else min(2 * p.k or 1, lim.iter_limit - p.iterations)
+    if p.per_iter_s > 0:      # aim to land inside the time limit
+        k = min(k, max(1, int((lim.time_limit - elapsed) / p.per_iter_s / 2)))
+    if p.factor > 1.0:        # and to add at most half the room
+        k = min(k, max(1, int(math.log1p(room / (2 * p.nodes)) / math.log(p.factor))))
+    return k, lim.match_limit
+
+
+def _burst(eg, p: Progress, step: str, k: int, limit: int, ban_length: int, names) -> bool:
+    """Run `step` k times under match limit `limit`, then saturate and check shapes and
+    record the burst in `p` (growth, timing, matches, log). True iff egglog reports that
+    something changed."""
+    t0 = time.perf_counter()
+    out = eg._run(_schedule(step, k, limit, ban_length), f"running {' '.join(names)}")
+    p.per_iter_s = (time.perf_counter() - t0) / k
+    p.iterations, p.granted, p.k = p.iterations + k, 0, k
+    report = out[0].report
+    for rule, count in report.num_matches_per_rule.items():
+        if ":ruleset shapes" not in rule and rule not in SHAPE_RULE_NAMES:
+            p.matches[rule] = p.matches.get(rule, 0) + count
+    eg._saturate_shapes()
+    now = eg._node_count()
+    p.grown, p.factor = now - p.nodes, (now / max(p.nodes, 1)) ** (1.0 / k)
+    p.nodes = now
+    p.last = {"iterations": k, "nodes_added": p.grown, "match_limit": int(limit)}
+    p.log.append([k, int(limit), p.nodes])
+    return bool(report.updated)
 
 
 def _schedule(step: str, k: int, limit: int, ban_length: int) -> str:

@@ -2,77 +2,57 @@
 
 The language and its shape analysis live in language.egg and shape_rules.egg (egglog
 text); this module feeds it through `egglog.bindings.EGraph`. Every distinct term of an
-added program becomes one row `(set (handle N) <node>)`, children referenced as `(handle M)`. A handle is that text:
-a stable string that names the term's e-class in any later egglog text (rules, checks,
-unions) and across unions. A `handle` function is used rather than one `let` global per
-term because each global is a table of its own and loading slows quadratically with them
-(20k terms: 3.9 s with lets and growing, 0.8 s with the function; egglog 13.2).
+added program becomes one row `(set (handle N) <node>)`, children referenced as
+`(handle M)`. A handle is that text: a stable string that names the term's e-class in any
+later egglog text (rules, checks, unions) and across unions. A `handle` function is used
+rather than one `let` global per term because each global is a table of its own and
+loading slows quadratically with them (20k terms: 3.9 s with lets and growing, 0.8 s with
+the function; egglog 13.2).
 
 Shapes: Python has already shaped every added Program (`infer_shapes`). The driver seeds
 those shapes into egglog for one term in `seed_every` along each path (default 16) and lets
 the `shapes` rules derive the rest, so saturation takes ~2*seed_every iterations instead of
 two per level of depth (a 20k-deep chain: 0.2 s instead of 6 s), and every seeded term
-cross-checks the egglog rules against Python: a disagreement is a shape conflict.
+cross-checks the egglog rules against Python: a disagreement is a shape conflict. From
+then on egglog's shapes are the only ones: serialize() exports them per e-class with the
+JSON (apsat.egraph.serialize) and extraction reads them there, rather than shaping the
+e-classes again in Python.
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 
 from egglog import bindings
 
-from apsat.egraph import bursts, egglog_io
-from apsat.lang.ops import COMPUTE_OPS, OPS, PAD_TYPES
+from apsat.egraph import bursts, diagnose, egglog_io
+from apsat.egraph import serialize as _serialize
+from apsat.egraph.serialize import SORT_OF, raw_id
 from apsat.lang.program import Program
 from apsat.lang.syntax import VAR, egg_ints, egg_node, egg_string, parse_term
 from apsat.lang.term import Term, postorder
 from apsat.errors import EGraphError, ShapeError
+from apsat.targets import parse_target
+
+__all__ = ["EGraph", "LANGUAGE", "SORT_OF", "egg_term"]
 
 LANGUAGE = egglog_io.language_text()
-from apsat.targets import parse_target  # noqa: E402
-from apsat.lang.ops import EGG_NAMES as EGG_RENAME  # noqa: E402  (see ops.EGG_NAMES)
-_EGG_TO_REGISTRY = {v: k for k, v in EGG_RENAME.items()}
-# Constructors the serialized e-graph keeps (analysis tables and handles are left out).
-SORT_OF = {**{op: "Expr" for op in OPS},
-           **{EGG_RENAME.get(op, op): "ComputeOp" for op in COMPUTE_OPS},
-           **{p: "PadType" for p in PAD_TYPES}, "access-shape": "AccessShape",
-           "inil": "IList", "icons": "IList", "enil": "ExprList", "econs": "ExprList"}
 # Statements per egglog call when loading terms: one statement a call pays egglog's fixed
 # overhead each time, one big call parses in quadratic time; 4 to 32 measure alike.
 STATEMENT_BATCH = 16
 _HANDLE = re.compile(r"\(handle (\d+)\)")
-_VALUE = re.compile(r"Value\((-?\d+)\)")
 _SPAN = bindings.PanicSpan()
-
-
-_egg_node = egg_node  # syntax.egg_node already spells renamed constructors egglog's way
 
 
 def egg_term(term: Term) -> str:
     """egglog text of a whole term in tree form (a shared sub-term is written at each
-    use; pattern variables as `?name`), as this e-graph's language spells it. For rule
-    tests and small facts; add() loads programs node by node instead."""
+    use; pattern variables as `?name`), as this e-graph's language spells it (syntax.egg_node
+    already spells renamed constructors egglog's way). For rule tests and small facts;
+    add() loads programs node by node instead."""
     text: dict[Term, str] = {}
     for t in postorder(term):
-        text[t] = "?" + t.args[0] if t.op == VAR else _egg_node(t, text.__getitem__)
+        text[t] = "?" + t.args[0] if t.op == VAR else egg_node(t, text.__getitem__)
     return text[term]
-
-
-def _raw(value) -> str:
-    """egglog's id for a Value (what `Value(N)` prints; the serializer's `Sort-N`)."""
-    return _VALUE.fullmatch(str(value)).group(1)
-
-
-def _fmt_shape(ranks, dims, pick) -> str:
-    """An access shape from shape facts: `pick` (min or max) chooses among the ranks and,
-    per axis, among the dims; `?` where no dim fact exists."""
-    n, s = pick(ranks)
-    ds = [pick(dims[i]) if dims.get(i) else "?" for i in range(n)]
-
-    def tup(xs):
-        return "(" + ", ".join(map(str, xs)) + ("," if len(xs) == 1 else "") + ")"
-    return f"({tup(ds[:s])}, {tup(ds[s:])})"
 
 
 class EGraph:
@@ -188,7 +168,7 @@ class EGraph:
             self._ids[term] = number
             new_terms.append(term)
             ref = f"(handle {number})"
-            text = f"(set {ref} {_egg_node(term, self.handle_of)})"
+            text = f"(set {ref} {egg_node(term, self.handle_of)})"
             if self.seed_every and kids and h >= self.seed_every:
                 it, item = program.shape_of(term)
                 dims = it + item
@@ -287,52 +267,16 @@ class EGraph:
     def _check_shapes(self) -> None:
         """Raise ShapeError when egglog flagged an ill-shaped node or a shape conflict."""
         if self._holds("(shape-invalid ?e ?why)", "checking shapes"):
-            raise ShapeError(self._describe("shape-invalid"))
+            raise ShapeError(diagnose.describe(self._g, "shape-invalid"))
         if self._holds("(shape-conflict ?e)", "checking shapes"):
-            raise ShapeError(self._describe("shape-conflict"))
-
-    def _describe(self, flag: str) -> str:
-        """One line naming the first flagged e-class (a conflict whose children are not
-        themselves in conflict, when there is one), its handles, ops and shapes."""
-        frozen = self._g.freeze().functions
-        flagged: dict = {}
-        for row in frozen[flag].rows:
-            why = self._g.value_to_string(row.inputs[1]) if flag == "shape-invalid" else None
-            flagged.setdefault(row.inputs[0], why)
-        ops, kids = {}, {}
-        for op, fn in frozen.items():
-            if SORT_OF.get(op) == "Expr":
-                for row in fn.rows:
-                    ops.setdefault(row.output, set()).add(op)
-                    kids.setdefault(row.output, set()).update(
-                        v for v, s in zip(row.inputs, fn.input_sorts) if s == "Expr")
-        cause = [c for c in flagged if not (kids.get(c, set()) & flagged.keys())]
-        cls = (cause or list(flagged))[0]
-        handles = [f"(handle {self._g.value_to_i64(r.inputs[0])})"
-                   for r in frozen["handle"].rows if r.output == cls] if "handle" in frozen else []
-        where = (f"e-class Expr-{_raw(cls)} ({', '.join(handles[:3]) or 'no handle'}; "
-                 f"nodes: {', '.join(sorted(ops.get(cls, ())))})")
-        more = f"; {len(flagged) - 1} more e-class(es) flagged" if len(flagged) > 1 else ""
-        if flag == "shape-invalid":
-            return f"ill-shaped node in {where}: {flagged[cls]}{more}"
-        i64 = self._g.value_to_i64
-        ranks = sorted((i64(r.inputs[1]), i64(r.inputs[2])) for r in frozen["shape-rank"].rows
-                       if r.inputs[0] == cls)
-        dims: dict[int, list] = {}
-        for r in frozen["shape-dim"].rows:
-            if r.inputs[0] == cls:
-                dims.setdefault(i64(r.inputs[1]), []).append(i64(r.inputs[2]))
-        if not ranks:
-            return f"shape conflict in {where}{more}"
-        return (f"shape conflict in {where}: {_fmt_shape(ranks, dims, min)} vs "
-                f"{_fmt_shape(ranks, dims, max)}{more}")
+            raise ShapeError(diagnose.describe(self._g, "shape-conflict"))
 
     # ---- reading ---------------------------------------------------------------------------
 
     def class_of(self, handle: str) -> str:
         """The serialized e-class id (`Expr-N`, as in serialize()) a handle now names;
         two handles of unioned terms give the same id."""
-        return f"Expr-{_raw(self._value(handle))}"
+        return f"Expr-{raw_id(self._value(handle))}"
 
     def shape_of(self, handle: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """((iterated dims), (item dims)) of the handle's e-class, read from egglog's
@@ -380,46 +324,19 @@ class EGraph:
 
     def serialize(self) -> dict:
         """The e-graph as extraction-gym JSON, parsed: {"nodes": {id: {"op", "children"
-        (node ids), "eclass", "cost", "subsumed"}}, "class_data": {eclass: {"type"}},
-        "root_eclasses": [...]}.
+        (node ids), "eclass", "cost", "subsumed"}}, "class_data": {eclass: {"type",
+        "shape"}}, "root_eclasses": [...]}.
 
         Contract: only the language's constructors and their literals are nodes (shape
         tables and handles are left out); ops carry registry names; e-class ids agree
         with class_of(); a child is named by one node of its e-class (the first listed);
-        root_eclasses are the classes of `self.outputs`. Built from egglog's frozen
-        tables, which is ~10x faster than egglog's serializer on this language (that one
-        also writes every shape-analysis row)."""
-        g = self._g
-        frozen = g.freeze().functions
-        nodes, class_data, first = {}, {}, {}
-        literal = {"i64": lambda v: str(g.value_to_i64(v)), "f64": lambda v: repr(g.value_to_f64(v)),
-                   "String": lambda v: json.dumps(g.value_to_string(v))}
-
-        def child(value, sort: str) -> str:
-            if sort in literal:
-                node_id = f"primitive-{sort}-{_raw(value)}"
-                if node_id not in nodes:
-                    nodes[node_id] = {"op": literal[sort](value), "children": [],
-                                      "eclass": f"{sort}-{_raw(value)}", "cost": 1.0, "subsumed": False}
-                    class_data[f"{sort}-{_raw(value)}"] = {"type": sort}
-                return node_id
-            return first[f"{sort}-{_raw(value)}"]
-
-        table = [(op, fn) for op, fn in frozen.items() if op in SORT_OF]
-        for op, fn in table:       # representatives first: children may come later
-            for k, row in enumerate(fn.rows):
-                first.setdefault(f"{SORT_OF[op]}-{_raw(row.output)}", f"function-{k}-{op}")
-        for op, fn in table:
-            sort = SORT_OF[op]
-            for k, row in enumerate(fn.rows):
-                eclass = f"{sort}-{_raw(row.output)}"
-                nodes[f"function-{k}-{op}"] = {
-                    "op": _EGG_TO_REGISTRY.get(op, op),
-                    "children": [child(v, s) for v, s in zip(row.inputs, fn.input_sorts)],
-                    "eclass": eclass, "cost": 1.0, "subsumed": bool(row.subsumed)}
-                class_data[eclass] = {"type": sort}
+        root_eclasses are the classes of `self.outputs`. Every Expr class carries its
+        access shape as egglog derived it, `"shape": [[iterated dims], [item dims]]`
+        (shape_of's figures): the one source of shapes for extraction and decoding.
+        Built from egglog's frozen tables (apsat.egraph.serialize)."""
         roots = list(dict.fromkeys(self.class_of(h) for h in self.outputs.values()))
-        return {"nodes": nodes, "root_eclasses": roots, "class_data": class_data}
+        with egglog_io.egglog_call("serializing the e-graph"):
+            return _serialize.serialize(self._g, roots)
 
     def __repr__(self) -> str:
         nodes, classes = self.size()

@@ -20,7 +20,6 @@ from apsat.extract.cost import cost_model
 from apsat.extract.decode import decode, language_graph
 from apsat.extract.greedy_dag import extract_greedy_dag
 from apsat.extract.ilp import ExtractionResult, extract_ilp
-from apsat.extract.shapes import class_shapes
 from apsat.extract.tree import extract_tree
 
 EXTRACTORS = {"tree": extract_tree, "greedy-dag": extract_greedy_dag, "ilp": extract_ilp}
@@ -47,8 +46,7 @@ def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float |
         raise ValueError(f"unknown extraction method {method!r}; known: {', '.join(EXTRACTORS)}")
     outputs = root if isinstance(root, dict) else {"out": root}
     start = time.perf_counter()
-    graph = language_graph(eg.serialize())
-    graph.shapes = class_shapes(graph, eg.tensor_shapes)
+    graph = language_graph(eg.serialize())   # class shapes included: egglog's, exported
     graph.weights = frozenset(eg.weights)
     roots = [eg.class_of(h) for h in outputs.values()]
     model = cost_model(cost, eg.target)

@@ -8,12 +8,17 @@ node n's children (in order, repeats kept: a tree extractor counts every use).
 Serialised egglog e-graphs also hold the rows of analysis functions (`dim`, `ndim`, ...)
 as nodes whose class is an i64 class. Those are not program constructs: `extractable`
 filters them out so no extractor can pick `dim(x, 0)` as "the value 3".
+
+E-graphs serialised by apsat's driver also carry each Expr class's access shape in
+class_data (`"shape"`, apsat/extract/shapes.py): `shapes` is read from there.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from apsat.extract.shapes import read_shapes
 
 
 @dataclass
@@ -26,8 +31,9 @@ class ExtractionGraph:
     roots: list[str]
     class_types: dict[str, str] = field(default_factory=dict)
     dropped: int = 0  # nodes filtered out as not extractable
-    # Class id -> access shape, filled in by apsat.extract.extract for cost models that
-    # price nodes by their sizes (None for a bare extraction-gym file).
+    # Class id -> access shape ((iterated dims), (item dims)), read from class_data, for
+    # cost models that price nodes by their sizes and for decoding (None for a bare
+    # extraction-gym file, which carries no shapes).
     shapes: dict | None = None
     # Tensor names known at load time (the e-graph's weights), for cost models that charge
     # weight-only work nothing per inference (apsat/extract/constants.py).
@@ -37,11 +43,13 @@ class ExtractionGraph:
     def from_json(cls, data, extractable=None) -> "ExtractionGraph":
         """Build from a parsed JSON dict (or a path / JSON text). `extractable(node_id, node)`
         decides which nodes may be chosen (default: all). Children that point at filtered
-        nodes' classes still resolve, through the class of the child node."""
+        nodes' classes still resolve, through the class of the child node. ValueError (one
+        line) for data that is not shaped like extraction-gym JSON."""
         if isinstance(data, (str, Path)) and Path(str(data)).exists():
             data = json.loads(Path(data).read_text())
         elif isinstance(data, str):
             data = json.loads(data)
+        _check_layout(data)
         raw = data["nodes"]
         nodes, classes, node_classes, dropped = {}, {}, {}, 0
         for nid, node in raw.items():
@@ -52,9 +60,10 @@ class ExtractionGraph:
             classes.setdefault(node["eclass"], []).append(nid)
         for nid, node in nodes.items():
             node_classes[nid] = [raw[ch]["eclass"] if ch in raw else ch for ch in node["children"]]
-        types = {c: d.get("type", "") for c, d in data.get("class_data", {}).items()}
+        class_data = data.get("class_data", {})
+        types = {c: d.get("type", "") for c, d in class_data.items()}
         roots = [str(r) for r in data.get("root_eclasses", [])]
-        return cls(nodes, classes, node_classes, roots, types, dropped)
+        return cls(nodes, classes, node_classes, roots, types, dropped, read_shapes(class_data))
 
     def cost(self, node_id: str) -> float:
         """The node's own cost as stored in the file."""
@@ -67,3 +76,20 @@ class ExtractionGraph:
             for c in set(kids):
                 out.setdefault(c, []).append(nid)
         return out
+
+
+def _check_layout(data) -> None:
+    """ValueError unless `data` has extraction-gym JSON's layout: an object whose "nodes"
+    maps ids to objects with "op", "eclass" and a "children" list, whose "class_data" (if
+    any) maps class ids to objects and whose "root_eclasses" (if any) is a list."""
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), dict):
+        raise ValueError('expected a JSON object with a "nodes" object')
+    for nid, node in data["nodes"].items():
+        if not (isinstance(node, dict) and {"op", "eclass"} <= node.keys()
+                and isinstance(node.get("children"), list)):
+            raise ValueError(f'node {nid!r} is not an object with "op", "eclass" and "children"')
+    class_data = data.get("class_data", {})
+    if not isinstance(class_data, dict) or not all(isinstance(d, dict) for d in class_data.values()):
+        raise ValueError('"class_data" must map class ids to objects')
+    if not isinstance(data.get("root_eclasses", []), list):
+        raise ValueError('"root_eclasses" must be a list')

@@ -11,14 +11,12 @@ from apsat.extract import extract
 from apsat.extract.constants import weight_only_nodes
 from apsat.extract.cost import cost_model
 from apsat.extract.decode import language_graph
-from apsat.extract.shapes import class_shapes
 from apsat.pipeline.verify import verify_program
 from apsat.pipeline.zoo import random_inputs
 
 
 def _graph(eg):
-    g = language_graph(eg.serialize())
-    g.shapes = class_shapes(g, eg.tensor_shapes)
+    g = language_graph(eg.serialize())      # shapes come with the serialised e-graph
     g.weights = frozenset(eg.weights)
     return g
 
