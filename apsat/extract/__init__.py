@@ -17,7 +17,7 @@ import time
 from apsat.lang.program import Program
 from apsat.extract.check import check_extraction, dag_cost
 from apsat.extract.cost import cost_model
-from apsat.extract.decode import decode, language_graph
+from apsat.extract.decode import decode_classes, language_graph
 from apsat.extract.greedy_dag import extract_greedy_dag
 from apsat.extract.ilp import ExtractionResult, extract_ilp
 from apsat.extract.tree import extract_tree
@@ -56,10 +56,12 @@ def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float |
     if missing:
         raise ValueError(f"extract: no finite-cost program for e-class {missing[0]}")
     used = check_extraction(graph, choice, roots)
-    terms = decode(graph, choice, roots)
+    terms = decode_classes(graph, choice, roots)
     seconds = time.perf_counter() - start
+    shapes = {t: graph.shapes[c] for c, t in terms.items() if c in (graph.shapes or {})}
     program = Program({name: terms[eg.class_of(h)] for name, h in outputs.items()},
-                      dict(eg.tensor_shapes), dict(eg.opaque_nodes), weights=graph.weights)
+                      dict(eg.tensor_shapes), dict(eg.opaque_nodes), weights=graph.weights,
+                      known_shapes=shapes)
     program.cost = dag_cost(graph, choice, roots, node_cost)
     program.extraction = {"method": method, "cost_model": model.name,
                           "seconds": seconds, "classes_used": len(used),

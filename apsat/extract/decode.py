@@ -119,6 +119,12 @@ def compute_op_term(graph: ExtractionGraph, cls: str, choice: dict[str, str] | N
 def decode(graph: ExtractionGraph, choice: dict[str, str], roots) -> dict[str, Term]:
     """Terms for the given root classes under `choice` (class id -> node id), built
     bottom-up with an explicit stack. Returns root class id -> Term."""
+    terms = decode_classes(graph, choice, roots)
+    return {r: terms[r] for r in roots}
+
+
+def decode_classes(graph: ExtractionGraph, choice: dict[str, str], roots) -> dict[str, Term]:
+    """decode() for every Expr class the roots reach under `choice`: class id -> Term."""
     terms: dict[str, Term] = {}
 
     def build(nid):
@@ -136,4 +142,4 @@ def decode(graph: ExtractionGraph, choice: dict[str, str], roots) -> dict[str, T
                 continue
             stack.append((cls, True))
             stack.extend((k, False) for k in expr_child_classes(graph, nid, choice) if k not in terms)
-    return {r: terms[r] for r in roots}
+    return terms

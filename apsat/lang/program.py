@@ -7,7 +7,7 @@ well-shaped; `shapes()` returns the access shape of every sub-term.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from apsat.lang.ops import OPS, AccessShape
 from apsat.lang.term import Term, postorder
@@ -73,11 +73,19 @@ class Program:
     weights: frozenset = frozenset()
     cost: float | None = None          # set by extractors: the cost of this choice
     extraction: dict | None = None     # set by extractors: method, seconds, notes
+    # Shapes already known for the outputs' terms (Term -> AccessShape), e.g. extraction's
+    # e-class shapes, which egglog derived and checked: taken as they are when they cover
+    # every term, so the chosen program is not shaped a second time. Not stored as a field.
+    known_shapes: InitVar[dict | None] = None
 
-    def __post_init__(self):
+    def __post_init__(self, known_shapes=None):
         self.tensor_shapes = {k: tuple(int(d) for d in v) for k, v in self.tensor_shapes.items()}
         self.weights = frozenset(self.weights)
-        self._shapes = infer_shapes(self.outputs.values(), self.tensor_shapes)
+        terms = postorder(list(self.outputs.values())) if known_shapes is not None else ()
+        if known_shapes is not None and all(t in known_shapes for t in terms):
+            self._shapes = {t: known_shapes[t] for t in terms}
+        else:
+            self._shapes = infer_shapes(self.outputs.values(), self.tensor_shapes)
 
     @property
     def root(self) -> Term:

@@ -101,3 +101,21 @@ def test_a_file_not_laid_out_like_extraction_gym_json_is_a_one_line_error(data, 
     assert main(["extract", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("apsat: ") and "not an extraction-gym e-graph" in err and err.count("\n") == 1
+
+
+def test_the_chosen_program_takes_its_shapes_from_the_egraph(monkeypatch):
+    # the fourth computation of shapes is gone: decoding hands the classes' shapes to the
+    # Program, which then does not run the Python shape rules again
+    from apsat.lang import program as program_module
+    from apsat.rules.saturate import saturate
+
+    eg, root = _egraph()
+    saturate(eg, ["im2col", "systolic"])
+    want = infer_shapes([extract(eg, root).root], {k: v for k, v in SHAPES.items()})
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("extract() shaped its program in Python again")
+
+    monkeypatch.setattr(program_module, "infer_shapes", refuse)
+    chosen = extract(eg, root)
+    assert {t: chosen.shape_of(t) for t in chosen.terms()} == want
