@@ -12,11 +12,15 @@ import apsat
 from apsat.pipeline import zoo
 from apsat.lang.evaluate import evaluate
 from apsat.explore.egraph import EGraph
-from apsat.lang.ops import OPS
+from apsat.errors import ShapeError
+from apsat.egraph.driver import egg_term
+from apsat.lang.ops import ACTIVATIONS, EGG_NAMES, OPS, UNARY_MAPS
+from apsat.lang.syntax import parse_term
 from apsat.lang.term import postorder
 from apsat.rules.library import RuleLibrary
 from apsat.pipeline.verify import verify_program
-from harness import check_reaches, check_refuses, check_sound
+from harness import check_reaches, check_refuses, check_sound, fired, run_rule
+from test_syntax import operator_head
 
 import models
 
@@ -95,6 +99,52 @@ ZERO4, ZERO5 = zero(4), zero(5)                 # for MM (4 columns) and CONV (5
 # b iterates over two axes ((2, 2), (6)): the zero bias would need two dims
 MM_SPLIT2 = "(compute dot-product (access-cartesian-product (access (access-tensor a) 1) (access (access-tensor w3) 2)))"
 
+# The activation rules, for each of language.egg's activations (ops.ACTIVATIONS):
+# (rule, program, pattern expected in the root e-class), then (rule, program it must not rewrite).
+def head(op: str) -> str:
+    """Operator `op` as surface syntax with sample parameters (clip as relu6)."""
+    return "(clip 0.0 6.0)" if op == "clip" else operator_head(op)
+
+
+def egg_head(op: str) -> str:
+    """The same as an egglog ComputeOp term: `(relu)`, `(clip 0.0 6.0)`, `(sqrt-op)`."""
+    text = head(op).strip("()").split(" ", 1)
+    return "(" + " ".join([EGG_NAMES.get(op, op)] + text[1:]) + ")"
+
+
+ACTS = [head(a) for a in sorted(ACTIVATIONS)]
+CONV_FDB = f"(access-transpose {CFDB} (list 0 3 1 2))"
+ACTIVATION_REACH = [case for act in ACTS for case in [
+    ("fusion/activation", f"(compute {act} {FDB})", f"(fused-dot-bias-act {act} ?a ?b ?c)"),
+    ("fusion/activation-transposed", f"(compute {act} {CONV_FDB})",
+     f"(access-transpose (fused-dot-bias-act {act} ?a ?b ?c) (list 0 3 1 2))"),
+    # no bias: the activation goes into the atom with a zero bias
+    ("fusion/activation-unbiased", f"(compute {act} {MM})", f"(fused-dot-bias-act {act} ?a ?b {ZERO4})"),
+    ("fusion/activation-unbiased-transposed", f"(compute {act} {CONV})",
+     f"(access-transpose (fused-dot-bias-act {act} ?a ?b {ZERO5}) (list 0 3 1 2))"),
+]]
+# unary maps that are not activations (exp, negative, sqrt, erf) stay where they are
+ACTIVATION_REFUSE = [
+    ("fusion/activation", f"(compute exp {FDB})"),
+    ("fusion/activation", f"(compute negative {FDB})"),
+    ("fusion/activation-transposed", f"(compute sqrt {CONV_FDB})"),
+    ("fusion/activation-transposed", f"(compute softmax {CONV_FDB})"),
+    ("fusion/activation-unbiased", f"(compute erf {MM})"),
+    ("fusion/activation-unbiased", f"(compute reduce-sum {MM})"),
+    ("fusion/activation-unbiased-transposed", f"(compute exp {CONV})"),
+] + [case for act in ACTS for case in [
+    ("fusion/activation-unbiased", f"(compute {act} {MM_SPLIT2})"),            # b not split 1
+    ("fusion/activation-unbiased-transposed", f"(compute {act} (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
+]]
+
+
+def _case_ids(cases):
+    """Test ids: the rule name, with the operator on top for the activation rules (which
+    have one case per activation)."""
+    return [f"{c[0]}[{c[1].split()[1].strip('(')}]" if c[0].startswith("fusion/activation") else c[0]
+            for c in cases]
+
+
 # (rule, program, pattern expected in the root e-class)
 REACH = [
     ("fusion/bias", add(MM, BIAS), "(fused-dot-bias ?a ?b ?c)"),
@@ -132,38 +182,8 @@ REACH = [
     ("fusion/scale-fold-grouped", mul(GROUPED, GSVEC),
      "(access-reshape (compute dot-product (access-pair ?x (access-broadcast (access-reshape "
      "(compute elementwise-mul ?p) ?lw) ?tw))) ?ly)"),
-    ("fusion/relu", f"(compute relu {FDB})", "(fused-dot-bias-act relu ?a ?b ?c)"),
-    ("fusion/relu-transposed", f"(compute relu (access-transpose {CFDB} (list 0 3 1 2)))",
-     "(access-transpose (fused-dot-bias-act relu ?a ?b ?c) (list 0 3 1 2))"),
-    ("fusion/clip", f"(compute (clip 0.0 6.0) {FDB})", "(fused-dot-bias-act (clip 0.0 6.0) ?a ?b ?c)"),
-    ("fusion/clip-transposed", f"(compute (clip 0.0 6.0) (access-transpose {CFDB} (list 0 3 1 2)))",
-     "(access-transpose (fused-dot-bias-act (clip 0.0 6.0) ?a ?b ?c) (list 0 3 1 2))"),
-    ("fusion/gelu", f"(compute gelu {FDB})", "(fused-dot-bias-act gelu ?a ?b ?c)"),
-    ("fusion/gelu-transposed", f"(compute gelu (access-transpose {CFDB} (list 0 3 1 2)))",
-     "(access-transpose (fused-dot-bias-act gelu ?a ?b ?c) (list 0 3 1 2))"),
-    ("fusion/sigmoid", f"(compute sigmoid {FDB})", "(fused-dot-bias-act sigmoid ?a ?b ?c)"),
-    ("fusion/sigmoid-transposed", f"(compute sigmoid (access-transpose {CFDB} (list 0 3 1 2)))",
-     "(access-transpose (fused-dot-bias-act sigmoid ?a ?b ?c) (list 0 3 1 2))"),
-    ("fusion/tanh", f"(compute tanh {FDB})", "(fused-dot-bias-act tanh ?a ?b ?c)"),
-    ("fusion/tanh-transposed", f"(compute tanh (access-transpose {CFDB} (list 0 3 1 2)))",
-     "(access-transpose (fused-dot-bias-act tanh ?a ?b ?c) (list 0 3 1 2))"),
     ("fusion/gelu-erf", gelu_text(MM), "(compute gelu ?x)"),
-    # no bias: the activation goes into the atom with a zero bias
-    ("fusion/relu-unbiased", f"(compute relu {MM})", f"(fused-dot-bias-act relu ?a ?b {ZERO4})"),
-    ("fusion/relu-unbiased-transposed", f"(compute relu {CONV})",
-     f"(access-transpose (fused-dot-bias-act relu ?a ?b {ZERO5}) (list 0 3 1 2))"),
-    ("fusion/clip-unbiased", f"(compute (clip 0.0 6.0) {MM})", f"(fused-dot-bias-act (clip 0.0 6.0) ?a ?b {ZERO4})"),
-    ("fusion/clip-unbiased-transposed", f"(compute (clip 0.0 6.0) {CONV})",
-     f"(access-transpose (fused-dot-bias-act (clip 0.0 6.0) ?a ?b {ZERO5}) (list 0 3 1 2))"),
-    ("fusion/gelu-unbiased", f"(compute gelu {MM})", f"(fused-dot-bias-act gelu ?a ?b {ZERO4})"),
-    ("fusion/gelu-unbiased-transposed", f"(compute gelu {CONV})",
-     f"(access-transpose (fused-dot-bias-act gelu ?a ?b {ZERO5}) (list 0 3 1 2))"),
-    ("fusion/sigmoid-unbiased", f"(compute sigmoid {MM})", f"(fused-dot-bias-act sigmoid ?a ?b {ZERO4})"),
-    ("fusion/sigmoid-unbiased-transposed", f"(compute sigmoid {CONV})",
-     f"(access-transpose (fused-dot-bias-act sigmoid ?a ?b {ZERO5}) (list 0 3 1 2))"),
-    ("fusion/tanh-unbiased", f"(compute tanh {MM})", f"(fused-dot-bias-act tanh ?a ?b {ZERO4})"),
-    ("fusion/tanh-unbiased-transposed", f"(compute tanh {CONV})",
-     f"(access-transpose (fused-dot-bias-act tanh ?a ?b {ZERO5}) (list 0 3 1 2))"),
+    *ACTIVATION_REACH,
     # runs of element-wise ops: one chain operator (residual add -> relu, mul -> tanh)
     ("fusion/chain", f"(compute relu {add(A, A)})", "(compute (chain elementwise-add relu) ?x)"),
 ]
@@ -211,16 +231,7 @@ REFUSE = [
     ("fusion/shift-merge", add(add(CONV, HVEC), vec("q", "1 1 1 4", "1 5 4 4"))),
     ("fusion/shift-scale-merge", mul(add(CONV, CVEC), HVEC)),         # lengths 5 and 4
     ("fusion/gelu-erf", gelu_text(MM, sqrt2=1.7320508075688772)),      # x / sqrt 3: not GELU
-    ("fusion/relu-unbiased", f"(compute relu {MM_SPLIT2})"),            # b not split 1
-    ("fusion/relu-unbiased-transposed", f"(compute relu (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
-    ("fusion/clip-unbiased", f"(compute (clip 0.0 6.0) {MM_SPLIT2})"),
-    ("fusion/clip-unbiased-transposed", f"(compute (clip 0.0 6.0) (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
-    ("fusion/gelu-unbiased", f"(compute gelu {MM_SPLIT2})"),
-    ("fusion/gelu-unbiased-transposed", f"(compute gelu (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
-    ("fusion/sigmoid-unbiased", f"(compute sigmoid {MM_SPLIT2})"),
-    ("fusion/sigmoid-unbiased-transposed", f"(compute sigmoid (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
-    ("fusion/tanh-unbiased", f"(compute tanh {MM_SPLIT2})"),
-    ("fusion/tanh-unbiased-transposed", f"(compute tanh (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
+    *ACTIVATION_REFUSE,
     # not element-wise on top or underneath: softmax/layer-norm/lrn/reductions/dot-product
     ("fusion/chain", f"(compute softmax {add(A, A)})"),                    # softmax after an add
     ("fusion/chain", f"(compute (layer-norm 1e-05) (compute relu {A}))"),
@@ -234,12 +245,12 @@ REFUSE = [
 ]
 
 
-@pytest.mark.parametrize("rule,text,pattern", REACH, ids=[r[0] for r in REACH])
+@pytest.mark.parametrize("rule,text,pattern", REACH, ids=_case_ids(REACH))
 def test_reaches(rule, text, pattern):
     check_reaches(rule, text, SHAPES, pattern)
 
 
-@pytest.mark.parametrize("rule,text,pattern", REACH, ids=[r[0] for r in REACH])
+@pytest.mark.parametrize("rule,text,pattern", REACH, ids=_case_ids(REACH))
 def test_sound(rule, text, pattern):
     check_sound(rule, text, SHAPES, seed=3)
 
@@ -261,6 +272,52 @@ def test_rule_names_in_this_file():
     """Every fusion rule is exercised above (the coverage test only greps for names)."""
     names = {r for r in RuleLibrary().rules if r.startswith("fusion/")}
     assert names == {r for r, _, _ in REACH}
+
+
+@pytest.mark.parametrize("op", sorted(UNARY_MAPS))
+def test_activation_rule_fires_exactly_for_ops_activations(op):
+    """language.egg's `activation` facts are ops.ACTIVATIONS, the operators Python lets
+    fused-dot-bias-act apply: of the unary maps, fusion/activation fuses exactly those."""
+    text = f"(compute {head(op)} {FDB})"
+    _, _, report = run_rule("fusion/activation", text, SHAPES)
+    assert bool(fired(report, "fusion/activation")) == (op in ACTIVATIONS)
+
+
+NOT_ACTIVATIONS = sorted(UNARY_MAPS - ACTIVATIONS)        # erf, exp, negative, sqrt, ...
+
+
+@pytest.mark.parametrize("op", NOT_ACTIVATIONS)
+def test_fused_atom_over_a_non_activation_is_ill_shaped_in_egglog_too(op):
+    """Python refuses (fused-dot-bias-act exp ...); egglog flags it as well, both when a
+    rewrite builds it (a wrong rule fails the run with ShapeError instead of extraction
+    skipping the node) and when the term is added directly."""
+    bad = f"(fused-dot-bias-act {head(op)} {A} {W} (access (access-tensor b) 1))"
+    with pytest.raises(ShapeError, match="is not an activation"):
+        apsat.parse(bad, SHAPES)
+    why = r"ill-shaped node .*: fused-dot-bias-act: the unary map is not an activation"
+    eg = EGraph()
+    eg.add(apsat.parse(f"(compute {head(op)} {FDB})", SHAPES))
+    eg.load_text(f"(ruleset wrong-fusion)\n(rewrite (compute {egg_head(op)} (fused-dot-bias a b c)) "
+                 f"(fused-dot-bias-act {egg_head(op)} a b c) :ruleset wrong-fusion)")
+    with pytest.raises(ShapeError, match=why):
+        eg.run(["wrong-fusion"])
+    eg = EGraph()
+    eg.add(apsat.parse(FDB, SHAPES))
+    with pytest.raises(ShapeError, match=why):
+        eg.load_text(f"(let $bad {egg_term(parse_term(bad))})")
+
+
+def test_fused_atoms_over_activations_are_well_shaped_in_egglog():
+    """The control: the same rewrite for each activation raises nothing, and the atom gets
+    the shape Python gives it."""
+    for op in sorted(ACTIVATIONS):
+        eg = EGraph()
+        root = eg.add(apsat.parse(f"(compute {head(op)} {FDB})", SHAPES))
+        eg.load_text(f"(ruleset act)\n(rewrite (compute {egg_head(op)} (fused-dot-bias a b c)) "
+                     f"(fused-dot-bias-act {egg_head(op)} a b c) :ruleset act)")
+        eg.run(["act"])
+        assert eg.matches(f"(fused-dot-bias-act {head(op)} ?a ?b ?c)", root)
+        assert eg.shape_of(root) == ((5, 4), ())
 
 
 def test_batchnorm_conv_relu_from_the_importer_sound():
@@ -422,8 +479,8 @@ def test_unbiased_conv_relu_and_matmul_relu_fuse_with_a_zero_bias_and_verify():
         {"x": (1, 3, 8, 8)}, ["y"], weights)
     m = apsat.load_onnx(model)
     best, report = _optimise(m)
-    assert report["rule_matches"].get("fusion/relu-unbiased", 0) >= 1
-    assert report["rule_matches"].get("fusion/relu-unbiased-transposed", 0) >= 1
+    assert report["rule_matches"].get("fusion/activation-unbiased", 0) >= 1
+    assert report["rule_matches"].get("fusion/activation-unbiased-transposed", 0) >= 1
     counts = best.op_counts()
     assert counts.get("fused-dot-bias-act", 0) == 2
     assert "compute dot-product" not in counts and "compute relu" not in counts
