@@ -184,7 +184,15 @@ def _burst(eg, p: Progress, step: str, k: int, limit: int, ban_length: int, name
     p.nodes = now
     p.last = {"iterations": k, "nodes_added": p.grown, "match_limit": int(limit)}
     p.log.append([k, int(limit), p.nodes])
-    return bool(report.updated)
+    return pending(report)
+
+
+def pending(report) -> bool:
+    """True while a burst changed the e-graph or its back-off scheduler still holds a rule
+    banned (matches deferred). egglog 13.2 counts a ban as an update (`updated`); egglog 14
+    sets `updated` only for database changes and reports deferred work as `can_stop` False
+    (absent on 13.2, hence the default)."""
+    return bool(report.updated) or not getattr(report, "can_stop", True)
 
 
 def _schedule(step: str, k: int, limit: int, ban_length: int) -> str:
@@ -215,7 +223,7 @@ def _grant(eg, step, start, match_limit, ban_length, nodes, node_limit, deadline
         probes += 1
         if after > node_limit:
             return 0, probes, "node_limit"
-        if not out[0].report.updated:
+        if not pending(out[0].report):
             return 0, probes, "saturated"
         if after > nodes or limit >= match_limit:
             return limit, probes, None

@@ -55,6 +55,17 @@ def egg_term(term: Term) -> str:
     return text[term]
 
 
+def _bindings_egraph():
+    """A bindings EGraph with egglog 14's tree-decomposed query plans turned off: with them
+    the layout/transpose-compose-N rules take seconds an iteration on light ResNet-50 (its
+    layout phase: 0.7 s -> over its 10 s limit; egglog issues #872, #960). egglog 13.2 has
+    no such planner and no `no_decomp` argument."""
+    try:
+        return bindings.EGraph(no_decomp=True)
+    except TypeError:
+        return bindings.EGraph()
+
+
 class EGraph:
     """An e-graph over the access-pattern language with its shape analysis loaded.
 
@@ -66,7 +77,7 @@ class EGraph:
         seeded along a path (0: never, egglog derives every shape; 1: every term)."""
         self.target = parse_target(target)
         self.seed_every = seed_every
-        self._g = bindings.EGraph()
+        self._g = _bindings_egraph()
         self._rulesets: set[str] = set()
         self._rule_sizes: dict[str, list[int]] = {}  # ruleset -> per rule, Expr nodes one match can add
         self._combined: dict[str, list[str]] = {}    # combined ruleset -> its parts

@@ -115,7 +115,8 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
     ComputeSpec("negative", (), "map", "-x.", ("Neg",), scalar=neg(X)),
     ComputeSpec("sqrt", (), "map", "Square root.", ("Sqrt", "BatchNormalization"), scalar=sqrt(X),
                 egg="sqrt-op"),   # egglog 13.2 has an f64 primitive `sqrt` already
-    ComputeSpec("exp", (), "map", "e**x.", ("Exp",), scalar=exp(X)),
+    ComputeSpec("exp", (), "map", "e**x.", ("Exp",), scalar=exp(X),
+                egg="exp-op"),    # egglog 14 adds an f64 primitive `exp`
     ComputeSpec("erf", (), "map", "Gauss error function.", ("Erf",), scalar=erf(X)),
     ComputeSpec("tanh", (), "map", "Hyperbolic tangent.", ("Tanh",), scalar=tanh(X), activation=True),
     ComputeSpec("sigmoid", (), "map", "1 / (1 + e**-x).", ("Sigmoid",), scalar=sigmoid(X), activation=True),
