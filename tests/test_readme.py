@@ -45,31 +45,28 @@ def _relative_links(path: Path) -> list[str]:
     return [t for t in links if not re.match(r"[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
 
 
+def _broken_links(page: Path) -> list[str]:
+    """The relative links of `page` whose file or heading anchor does not exist."""
+    broken = []
+    for target in _relative_links(page):
+        file, _, anchor = target.partition("#")
+        path = (page.parent / file).resolve()
+        if not path.is_file():
+            broken.append(f"{page.name}: {target}: no such file")
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            broken.append(f"{page.name}: {target}: no heading with that anchor")
+    return broken
+
+
 def test_readme_links_into_docs_resolve():
     links = _relative_links(README)
     assert any(t.startswith("docs/") for t in links), "README links nowhere into docs/"
-    broken = []
-    for target in links:
-        file, _, anchor = target.partition("#")
-        path = ROOT / file
-        if not path.is_file():
-            broken.append(f"{target}: no such file")
-        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
-            broken.append(f"{target}: no heading with that anchor")
-    assert not broken, broken
+    assert not _broken_links(README), _broken_links(README)
 
 
 def test_docs_links_resolve():
     """Links between the docs pages (and back to the README) resolve too."""
-    broken = []
-    for page in sorted((ROOT / "docs").glob("*.md")):
-        for target in _relative_links(page):
-            file, _, anchor = target.partition("#")
-            path = (page.parent / file).resolve()
-            if not path.is_file():
-                broken.append(f"{page.name}: {target}: no such file")
-            elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
-                broken.append(f"{page.name}: {target}: no heading with that anchor")
+    broken = [b for page in sorted((ROOT / "docs").glob("*.md")) for b in _broken_links(page)]
     assert not broken, broken
 
 
