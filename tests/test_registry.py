@@ -175,7 +175,6 @@ def _priced_examples():
     class shapes, as cost models see it."""
     from apsat.explore.egraph import EGraph
     from apsat.extract.decode import language_graph
-    from apsat.extract.shapes import class_shapes
     from apsat.lang.syntax import parse_term
 
     eg = EGraph()
@@ -184,9 +183,7 @@ def _priced_examples():
     for op in COMPUTE_OPS:
         text, shapes = sample(op)
         eg.add(parse_term(text), shapes)
-    graph = language_graph(eg.serialize())
-    graph.shapes = class_shapes(graph, eg.tensor_shapes)
-    return graph
+    return language_graph(eg.serialize())      # carries egglog's class shapes
 
 
 @pytest.mark.parametrize("model", ["nodes", "gpu", "systolic"])

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from apsat.lang.ops import OPS
 from apsat.lang.term import Term
 from apsat.extract.decode import expr_child_classes, language_graph, node_args
-from apsat.extract.shapes import class_shapes
 
 MAX_CLASSES = 150
 
@@ -58,7 +57,7 @@ def neighbourhood(eg, root=None, depth: int | None = 2, max_classes: int = MAX_C
         seen.extend(new)
         frontier, level = new, level + 1
     drawn, cut = seen[:max_classes], max(0, len(seen) - max_classes)
-    return Drawing(graph, drawn, roots, class_shapes(graph, eg.tensor_shapes), cut, deeper)
+    return Drawing(graph, drawn, roots, graph.shapes or {}, cut, deeper)
 
 
 def expr_members(graph, cls: str) -> list[str]:

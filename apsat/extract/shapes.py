@@ -39,10 +39,3 @@ def _shape(cls: str, value) -> tuple[tuple[int, ...], tuple[int, ...]]:
     raise ValueError(f"class {cls}: shape must be [[iterated dims], [item dims]] of "
                      f"non-negative ints, not {text if len(text) <= 60 else text[:57] + '...'}")
 
-
-def class_shapes(graph, tensor_shapes=None) -> dict:
-    """The class shapes `graph` was read with (`graph.shapes`; {} when it carries none).
-    Kept for callers from before the shapes came with the serialised e-graph
-    (explore/render.py, tests/test_registry.py): new code reads `graph.shapes`.
-    `tensor_shapes` is not used: the e-graph's shapes already account for them."""
-    return graph.shapes or {}

@@ -68,7 +68,6 @@ def test_fused_atom_costs_less_than_the_chain_it_replaces():
 
 def test_windows_are_read_once_and_transposes_cost_a_copy():
     from apsat.extract.decode import language_graph
-    from apsat.extract.shapes import class_shapes
     from apsat.extract.workload import footprints, traffic
 
     shapes = {"t": (64, 32, 32), "w": (64, 64, 3, 3)}
@@ -76,8 +75,7 @@ def test_windows_are_read_once_and_transposes_cost_a_copy():
             "(access-squeeze (access-windows (access (access-tensor t) 0) (shape 64 3 3) (shape 1 1 1)) 0)))")
     eg = EGraph("gpu")
     h = eg.add(parse_term(conv), shapes)
-    graph = language_graph(eg.serialize())
-    graph.shapes = class_shapes(graph, eg.tensor_shapes)
+    graph = language_graph(eg.serialize())      # carries egglog's class shapes
     root = graph.classes[eg.class_of(h)][0]
     # The convolution reads t and w once each, not the 64*9*30*30 im2col matrix.
     assert traffic(graph, root, graph.shapes, footprints(graph, graph.shapes)) == (64 * 32 * 32 + 64 * 64 * 9, 64 * 30 * 30)

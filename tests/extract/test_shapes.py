@@ -17,7 +17,7 @@ from apsat.extract.check import dag_cost
 from apsat.extract.cost import cost_model
 from apsat.extract.decode import decode, expr_child_classes, language_graph
 from apsat.extract.graph import ExtractionGraph
-from apsat.extract.shapes import class_shapes, read_shapes
+from apsat.extract.shapes import read_shapes
 from apsat.lang.program import infer_shapes
 
 CONV = ("(compute relu (compute dot-product (access-cartesian-product (access (access-tensor w) 1) "
@@ -35,7 +35,6 @@ def test_extraction_reads_the_shapes_from_the_serialised_egraph():
     eg, root = _egraph()
     graph = language_graph(eg.serialize())
     assert graph.shapes[eg.class_of(root)] == ((8, 8, 8), ()) == eg.shape_of(root)
-    assert class_shapes(graph) is graph.shapes      # the old entry point reads the same
     program = extract(eg, root)
     assert program.shape == ((8, 8, 8), ()) and program.cost > 0
 
