@@ -85,7 +85,7 @@ def test_triton_kernels_equal_onnxruntime(name):
     pytest.importorskip("torch", reason="the GPU backend needs torch (pip install apsat[gpu])")
     pytest.importorskip("triton", reason="the GPU backend needs triton (pip install apsat[gpu])")
     from apsat.backends.gpu.lower import lower
-    from apsat.backends.gpu.triton import run
+    from apsat.backends.gpu.runner import run_kernels as run
 
     res, inputs, want = _optimize(name, "gpu")
     assert any("fused-dot-bias-act leaky-relu" in k.covers for k in lower(res.program).kernels)

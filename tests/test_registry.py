@@ -288,7 +288,7 @@ def test_gpu_element_wise_kernels_equal_the_reference():
     the GPU) equals the reference interpreter."""
     pytest.importorskip("torch", reason="the GPU backend needs torch (pip install apsat[gpu])")
     pytest.importorskip("triton", reason="the GPU backend needs triton (pip install apsat[gpu])")
-    from apsat.backends.gpu.triton import run
+    from apsat.backends.gpu.runner import run_kernels as run
     from apsat.lang.evaluate import evaluate
     from apsat.lang.ops import ELEMENTWISE_OPS
     from apsat.lang.program import Program

@@ -9,10 +9,10 @@ from __future__ import annotations
 def run(program, inputs: dict, **kwargs):
     """Run `program` with its Triton kernels (GPU, or the Triton interpreter on the CPU);
     same contract as apsat.lang.evaluate.evaluate. Keywords: tiles, device,
-    directory (see apsat.backends.gpu.triton.run)."""
-    from apsat.backends.gpu.triton import run as _run
+    directory (see apsat.backends.gpu.runner.run_kernels)."""
+    from apsat.backends.gpu.runner import run_kernels
 
-    return _run(program, inputs, **kwargs)
+    return run_kernels(program, inputs, **kwargs)
 
 
 __all__ = ["run"]

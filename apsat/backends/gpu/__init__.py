@@ -1,14 +1,15 @@
 """GPU kernel generation for the `gpu` target (the optional extra `apsat[gpu]`).
 
     lower(program, tiles=None) -> KernelGraph      apsat.backends.gpu.lower
-    run(program, inputs, ...)  -> like evaluate    apsat.backends.gpu.triton (Triton)
+    run(program, inputs, ...)  -> like evaluate    apsat.backends.gpu.runner.run_kernels (Triton)
     write_kernels(program, directory) -> dict      apsat.backends.gpu.write
 
 Modules: expr (index/value expressions), views (access patterns as indexing), graph (the
 kernel graph's data), regions (matmul and reduction kernels), lower (program -> kernel
 graph), tiling (tile search on the roofline), emit (shared statement emission), triton
-(Triton sources, AOT compile, run), cuda (CUDA C sources, nvcc), runner (the generated
-runner module), host (host steps), write (write_kernels and its figures).
+(Triton sources, AOT compile), cuda (CUDA C sources, nvcc), runner (the generated runner
+module, and run_kernels, which writes and runs it), host (host steps), write
+(write_kernels and its figures), backend (the gpu target's Backend).
 
 Nothing here imports torch or triton at module level: the core installs and runs without
 them, and only running or compiling kernels needs them.
@@ -22,8 +23,8 @@ def __getattr__(name):
         from apsat.backends.gpu.lower import lower
         return lower
     if name == "run":
-        from apsat.backends.gpu.triton import run
-        return run
+        from apsat.backends.gpu.runner import run_kernels
+        return run_kernels
     if name == "write_kernels":
         from apsat.backends.gpu.write import write_kernels
         return write_kernels

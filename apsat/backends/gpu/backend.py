@@ -30,9 +30,9 @@ class GpuBackend(Backend):
         return None
 
     def run(self, lowered: Lowered, tensors: dict) -> dict:
-        from apsat.backends.gpu.triton import run
+        from apsat.backends.gpu.runner import run_kernels
 
-        return as_outputs(lowered.program, run(lowered.program, tensors))
+        return as_outputs(lowered.program, run_kernels(lowered.program, tensors))
 
     def write(self, lowered: Lowered, directory, compile=False) -> dict:
         from apsat.backends.gpu.write import write_kernels

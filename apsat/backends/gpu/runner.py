@@ -231,3 +231,24 @@ def load_runner(directory):
         spec.loader.exec_module(mod)
         _RUNNERS[key] = mod
     return _RUNNERS[key]
+
+
+def run_kernels(program, inputs: dict, *, tiles: dict | None = None, device=None, directory=None):
+    """Run `program` with its kernels; the contract of apsat.lang.evaluate.evaluate.
+
+    inputs: every tensor the program reads (numpy arrays or torch tensors). Returns one
+    float32 numpy array for a single-output program, else {output name: array}.
+    tiles: tile overrides (apsat.backends.gpu.lower.lower). device: a torch device; by
+    default "cuda" when torch sees a GPU, else the CPU under the Triton interpreter.
+    directory: where the generated kernels and runner go (default: a cache folder keyed
+    by their content)."""
+    import numpy as np
+
+    from apsat.backends.gpu.lower import lower
+
+    graph = lower(program, tiles)
+    path = write_sources(graph, directory)
+    outputs = load_runner(path).run(inputs, device=device)
+    result = {name: outputs[name].detach().cpu().numpy().astype(np.float32, copy=False)
+              for name in program.outputs}
+    return next(iter(result.values())) if len(result) == 1 else result
