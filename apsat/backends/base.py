@@ -12,6 +12,7 @@ interpreter's.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,9 +31,9 @@ class Lowered:
     report: dict = field(default_factory=dict)
 
 
-class Backend:
+class Backend(ABC):
     """A backend. Subclasses set `name` (the report's key for what lowering says) and
-    implement the four methods."""
+    implement lower, run and write (abstract: a backend lacking one cannot be created)."""
 
     name = "backend"
     run_key = "run"     # where the report keeps run()'s comparison with onnxruntime
@@ -48,26 +49,26 @@ class Backend:
             raise ApsatError(f"the {self.name} backend has no lowering option(s) "
                              f"{', '.join(unknown)} ({known})")
 
+    @abstractmethod
     def lower(self, program, target, weights, options: dict) -> Lowered:
         """Lower an extracted Program for `target` (a Target); `weights` names the tensors
         known at load time; `options` are the backend's own (checked by check_options)."""
-        raise NotImplementedError
 
     def run_skipped(self) -> str | None:
         """None when `run` works on this machine at a cost fit for every verification;
         else one line saying why verification does not run it by default."""
         return None
 
+    @abstractmethod
     def run(self, lowered: Lowered, tensors: dict) -> dict[str, np.ndarray]:
         """Execute (or simulate) the lowered program on `tensors` (weights and inputs by
         name); returns every program output by name."""
-        raise NotImplementedError
 
+    @abstractmethod
     def write(self, lowered: Lowered, directory, compile=False) -> dict:
         """Write the lowered form under `directory` (compiling it where `compile` asks and
         the tools are present); returns the figures that writing adds to or corrects in
         `lowered.report` (what the compilers said), JSON-ready."""
-        raise NotImplementedError
 
 
 def as_outputs(program, result) -> dict[str, np.ndarray]:

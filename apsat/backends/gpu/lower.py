@@ -35,9 +35,8 @@ import re
 from apsat.backends.gpu import tiling
 from apsat.backends.gpu.expr import flat, value_nodes, var
 from apsat.backends.gpu.graph import Buffer, HostStep, Kernel, KernelGraph
-from apsat.backends.gpu.regions import MATRIX_ATOMS, REDUCTIONS, covered_ops, natural
+from apsat.backends.gpu.regions import REDUCTIONS, covered_ops, natural
 from apsat.backends.gpu.views import (
-    ELEMENTWISE,
     Unsupported,
     Values,
     dims_of,
@@ -47,6 +46,7 @@ from apsat.backends.gpu.views import (
     n_iter,
 )
 from apsat.lang.formula import FUNCTION_FLOPS
+from apsat.lang.ops import ATOM_OPS, ELEMENTWISE_OPS
 from apsat.lang.program import Program
 from apsat.lang.term import Term
 
@@ -70,12 +70,12 @@ def _uses(program: Program, order: list[Term]):
 
 
 def _is_kernel_op(t: Term) -> bool:
-    return t.op in MATRIX_ATOMS or (t.op == "compute" and t.args[0].op in REDUCTIONS)
+    return t.op in ATOM_OPS or (t.op == "compute" and t.args[0].op in REDUCTIONS)
 
 
 def _is_view(t: Term) -> bool:
     return t.op not in ("compute", "opaque", "access-tensor", "access-literal") \
-        and t.op not in MATRIX_ATOMS
+        and t.op not in ATOM_OPS
 
 
 def _consumer(t: Term, uses, parents, outputs):
@@ -153,7 +153,7 @@ class _Lowering:
         claimed: dict[Term, tuple] = {}     # chain root -> (producer, path)
         producers: set = set()
         for t in roots:     # each point-wise chain root may ride on one producer's epilogue
-            if is_elementwise(t) and t.args[0].op in ELEMENTWISE - {"lrn"}:
+            if is_elementwise(t) and t.args[0].op in ELEMENTWISE_OPS:
                 found = epilogue_path(p, t, lambda q: (q in root_set and _is_kernel_op(q)
                                                        and self.uses.get(q) == 1
                                                        and q not in self.outputs

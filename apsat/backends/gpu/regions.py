@@ -23,7 +23,6 @@ from apsat.lang.ops import ATOM_OPS, COMPUTE_OPS, LOCAL_OPS, chain_parts
 from apsat.lang.term import Term
 
 ACC = ("sym", "acc")
-MATRIX_ATOMS = ATOM_OPS
 # Operators that need a kernel of their own: every one a kernel cannot compute inline
 # (dot-products, reductions, normalisations over the item).
 REDUCTIONS = frozenset(COMPUTE_OPS) - LOCAL_OPS
@@ -152,7 +151,7 @@ def covered_ops(program, t: Term, buffers, stop: Term | None = None) -> list[str
             continue
         if u.op == "compute":
             out.extend(part.op for part in chain_parts(u.args[0]))
-        elif u.op in MATRIX_ATOMS:
+        elif u.op in ATOM_OPS:
             out.append(u.op if u.op != "fused-dot-bias-act" else f"fused-dot-bias-act {u.args[0].op}")
         stack.extend(reversed(list(u.children())))
     return out

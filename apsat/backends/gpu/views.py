@@ -34,18 +34,15 @@ from apsat.backends.gpu.expr import (
     where,
 )
 from apsat.lang import formula as fm
-from apsat.lang.ops import COMPUTE_OPS, ELEMENTWISE_OPS, LOCAL_OPS, NARY_OPS, UNARY_MAPS, chain_parts
+from apsat.lang.ops import COMPUTE_OPS, LOCAL_OPS, NARY_OPS, UNARY_MAPS, chain_parts
 from apsat.lang.term import Term
 from apsat.errors import ApsatError
 
-# Element-wise compute operators (the registry's): one output element from the same
-# element of the operand(s), computed by the operator's formula. POINTWISE may lie on an
-# epilogue path; ELEMENTWISE (the registry's local operators) inline into a kernel: lrn
-# reads channel neighbours, so it inlines but cannot be a step of such a path. A chain
-# reads its operand as its first part does (`leading`), unary or n-ary; its other parts
-# are unary maps.
-POINTWISE = ELEMENTWISE_OPS
-ELEMENTWISE = LOCAL_OPS
+# The registry's local operators (LOCAL_OPS) inline into a kernel; of them, the
+# element-wise ones (ELEMENTWISE_OPS: one output element from the same element of the
+# operand(s)) may also lie on an epilogue path, while lrn reads channel neighbours and
+# may not. A chain reads its operand as its first part does (`leading`), unary or n-ary;
+# its other parts are unary maps.
 
 
 class Unsupported(ApsatError):
@@ -65,7 +62,7 @@ def n_iter(program, term: Term) -> int:
 
 def is_elementwise(term: Term) -> bool:
     """A compute term whose operator is element-wise (may be inlined into a kernel)."""
-    return term.op == "compute" and term.args[0].op in ELEMENTWISE
+    return term.op == "compute" and term.args[0].op in LOCAL_OPS
 
 
 def leading(op: Term) -> str:
@@ -147,7 +144,7 @@ class Values:
             item = idx[na + nb + 1:]
             operands = (idx[:na] + item, idx[na:na + nb] + item)
             return self._pick(idx[na + nb], lambda k: self.value(t.args[k], operands[k], conds))
-        if op == "compute" and t.args[0].op in ELEMENTWISE:
+        if op == "compute" and t.args[0].op in LOCAL_OPS:
             return self._compute(t, idx, conds)
         raise Unsupported(f"{op} cannot be read as a view inside a kernel")
 

@@ -135,7 +135,8 @@ def residual_fusions(L, order) -> dict:
     same dims as the other operand: the GEMM's epilogue applies OP as its output
     blocks drain, so the product's result never goes to DRAM. (The cost model prices
     the two apart; the stream is the cheaper for it.)"""
-    from apsat.backends.systolic.vector import PAIRWISE, UNARY, op_parts, op_text
+    from apsat.backends.systolic.vector import PAIRWISE, op_parts, op_text
+    from apsat.lang.ops import UNARY_MAPS
 
     users: dict = {}
     for t in order:
@@ -147,7 +148,7 @@ def residual_fusions(L, order) -> dict:
         if t.op != "compute" or t.args[1].op != "access-pair" or L.const.get(t, False):
             continue
         parts = op_parts(t.args[0])
-        if parts[0] not in PAIRWISE or not all(p in UNARY for p in parts[1:]):
+        if parts[0] not in PAIRWISE or not all(p in UNARY_MAPS for p in parts[1:]):
             continue
         pair = t.args[1].args
         for i in (0, 1):

@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from apsat.lang.ops import ATOM_OPS
 from apsat.lang.term import Term
 
-GEMM_OPS = ATOM_OPS     # the registry's kernel atoms: each lowers to a GEMM
-
 
 @dataclass(frozen=True)
 class Placement:
@@ -94,7 +92,7 @@ def _placeable(L, q: Term, axis: int, width: int, placed: dict, deferred) -> boo
         return False
     if q.op == "access-concatenate":
         return q.args[2] == axis and len(L.dims(q)) == axis + 1
-    return q.op in GEMM_OPS and _gemm_width(L, q) == width
+    return q.op in ATOM_OPS and _gemm_width(L, q) == width
 
 
 def host_operand(L, x: Term, buf: str) -> Term:

@@ -33,10 +33,9 @@ from apsat.backends.systolic import inplace
 from apsat.backends.systolic.isa import Copy, Operand, Region, Slot, Store, Vec
 from apsat.lang.ops import COMPUTE_OPS, NARY_OPS, UNARY_MAPS
 
-# The registry's operator classes: unary maps run as maps, n-ary operators that take two
-# operands as zips over a pair, operators that combine values across the item's first
+# The registry's operator classes: unary maps (UNARY_MAPS) run as maps, n-ary operators
+# that take two operands as zips over a pair, operators that combine values across the item's first
 # axis only (the rest independent) as axis0 tiles when an item does not fit.
-UNARY = UNARY_MAPS
 PAIRWISE = frozenset(n for n in NARY_OPS if COMPUTE_OPS[n].arity in (0, 2))
 FIRST_AXIS = frozenset(n for n, s in COMPUTE_OPS.items() if s.first_axis)
 
@@ -100,7 +99,7 @@ def lower_compute(L, t) -> None:
     out = L.buf_of[t]
     text = op_text(op)
     parts = op_parts(op)
-    if x.op == "access-pair" and parts[0] in PAIRWISE and all(p in UNARY for p in parts[1:]):
+    if x.op == "access-pair" and parts[0] in PAIRWISE and all(p in UNARY_MAPS for p in parts[1:]):
         a, sa = _flat(L, x.args[0], f"{name}'s first operand")
         b, _ = _flat(L, x.args[1], f"{name}'s second operand")
         L.begin(t, "vector", name)
@@ -113,7 +112,7 @@ def lower_compute(L, t) -> None:
             L.emit(Vec("zip", text, _w(dst), (_w(sa_), _w(sb_)), (), L.tag))
             L.emit(Store(out, (1, sa), reg, dst, False, L.tag))
         return
-    if all(p in UNARY for p in parts):
+    if all(p in UNARY_MAPS for p in parts):
         a, size = _flat(L, x, f"{name}'s operand")
         L.begin(t, "vector", name)
         step = min(L.half_words("ifmap"), L.half_words("ofmap"))
