@@ -39,6 +39,32 @@ def _lowering(text: str) -> dict:
     return dict(_LOWERING_FLAGS[n] for n in names)
 
 
+def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """--input-shape NAME=D0,D1,... (argparse type), as onnxsim's --overwrite-input-shape."""
+    name, sep, dims = text.rpartition("=")
+    try:
+        values = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        values = ()
+    if not sep or not name or not values or any(d <= 0 for d in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: use NAME=D0,D1,... with positive dims, "
+                                         f"e.g. input=1,3,224,224")
+    return name, values
+
+
+def _shapes_for(source, args, strict: bool) -> dict | None:
+    """The --input-shape values for one model; `strict` False (zoo) keeps only those
+    naming the model's inputs, so one flag can serve a zoo of different models."""
+    shapes = dict(args.input_shape or [])
+    if strict or not shapes:
+        return shapes or None
+    import onnx
+
+    proto = source if isinstance(source, onnx.ModelProto) else onnx.load(str(source), load_external_data=False)
+    names = {vi.name for vi in proto.graph.input}
+    return {k: v for k, v in shapes.items() if k in names} or None
+
+
 def _optimize_one(source, name: str, args, progress, task, randomize=False) -> dict:
     """Optimise one model, write its report, return the report (with `error` on failure).
     `randomize`: replace the weights with seeded random ones first (the light zoo)."""
@@ -54,9 +80,12 @@ def _optimize_one(source, name: str, args, progress, task, randomize=False) -> d
             source = randomize_weights(onnx.load(str(source)), seed=args.seed)
         res = optimize(source, target=args.target, rules=args.rules or None,
                        extractor=args.extractor, verify=args.verify, regions=args.regions,
-                       lowering=args.lowering,
+                       lowering=args.lowering, input_shapes=_shapes_for(source, args, args.command == "optimize"),
+                       inputs=getattr(args, "inputs", None),
                        progress=lambda phase: progress.update(task, description=f"{name}: {phase}"))
         res.report["model"] = name
+        for notice in res.report.get("notices", []):
+            progress.console.print(f"apsat: {name}: note: {notice}", markup=False, highlight=False)
         res.write(out_dir, compile_kernels=args.compile_kernels)
         return res.report
     except ApsatError as exc:
@@ -124,6 +153,7 @@ def _run_models(items: list[tuple[object, str]], args, randomize=False) -> int:
 
 def cmd_optimize(args) -> int:
     path = Path(args.model)
+    args.verify = args.verify or args.inputs is not None     # inputs given are to verify on
     return _run_models([(path, path.stem)], args)
 
 
@@ -222,11 +252,17 @@ def build_parser() -> argparse.ArgumentParser:
                             "or all; default: follow the cost model")
         p.add_argument("--regions", action="store_true",
                        help="saturate region by region, identical regions once")
+        p.add_argument("--input-shape", type=_input_shape, action="append", metavar="NAME=D0,D1,...",
+                       help="fix an input's dims (repeatable), as onnxsim's --overwrite-input-shape; "
+                            "symbolic dims not fixed become 1, with a notice")
 
     p = sub.add_parser("optimize", help="optimise one ONNX model")
     p.add_argument("model")
     common(p)
     p.add_argument("--verify", action="store_true", help="compare with onnxruntime (exit 1 on mismatch)")
+    p.add_argument("--inputs", metavar="FILE.npz",
+                   help="with --verify: run on these inputs (one array per model input) instead of "
+                        "seeded random ones")
     p.add_argument("--no-compile", dest="compile_kernels", action="store_false",
                    help="gpu: write kernel sources without compiling them (nvcc, triton AOT)")
     p.set_defaults(func=cmd_optimize, compile_kernels=True)

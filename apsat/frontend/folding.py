@@ -13,6 +13,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from apsat.frontend.node_shapes import infer_node
+
 
 class FoldError(Exception):
     """The node could not be evaluated at import (the message says why, on one line)."""
@@ -114,8 +116,51 @@ def _div(node, inputs, opset):
     return [a / b]
 
 
-def _shape_like(fn):
-    return lambda node, inputs, opset: [np.asarray(fn(node, inputs))]
+def _mod(node, inputs, opset):
+    """fmod=1: C's fmod (the sign of the dividend); fmod=0: the sign of the divisor."""
+    a, b = inputs
+    return [np.fmod(a, b) if _attrs(node).get("fmod", 0) else np.mod(a, b)]
+
+
+def _reduce(fn, since: int = 18):
+    """ReduceX with axes from the attribute (before `since`) or input 1, keepdims and
+    noop_with_empty_axes as ONNX defines them."""
+    def fold_reduce(node, inputs, opset):
+        a = _attrs(node)
+        axes = _axes(node, inputs, opset, since)
+        if not axes:
+            if a.get("noop_with_empty_axes", 0):
+                return [inputs[0]]
+            axes = None
+        x = inputs[0]
+        keep = bool(a.get("keepdims", 1))
+        axis = None if axes is None else tuple(int(i) % max(x.ndim, 1) for i in axes)
+        return [np.asarray(fn(x, axis=axis, keepdims=keep)).astype(x.dtype)]
+    return fold_reduce
+
+
+def _tile(node, inputs, opset):
+    return [np.tile(inputs[0], [int(r) for r in inputs[1].reshape(-1)])]
+
+
+def _trilu(node, inputs, opset):
+    k = int(inputs[1].reshape(-1)[0]) if len(inputs) > 1 and inputs[1] is not None else 0
+    upper = _attrs(node).get("upper", 1)
+    return [np.triu(inputs[0], k) if upper else np.tril(inputs[0], k)]
+
+
+def _cumsum(node, inputs, opset):
+    """CumSum along input 1's axis; exclusive and reverse as ONNX defines them."""
+    a = _attrs(node)
+    x, axis = inputs[0], int(inputs[1].reshape(-1)[0]) % inputs[0].ndim
+    if a.get("exclusive", 0) or a.get("reverse", 0):
+        raise _UseOnnxruntime
+    return [np.cumsum(x, axis=axis, dtype=x.dtype)]
+
+
+def _elementwise(fn):
+    """A numpy ufunc with numpy broadcasting (ONNX's multidirectional broadcasting)."""
+    return lambda node, inputs, opset: [fn(*inputs)]
 
 
 FOLDERS = {
@@ -140,6 +185,29 @@ FOLDERS = {
     "Where": lambda n, i, o: [np.where(i[0], i[1], i[2])],
     "Range": lambda n, i, o: [np.arange(i[0], i[1], i[2]).astype(i[0].dtype)],
     "Expand": lambda n, i, o: [i[0] * np.ones(tuple(int(s) for s in i[1]), dtype=i[0].dtype)],
+    "Mod": _mod,
+    "Min": lambda n, i, o: [np.minimum.reduce(np.broadcast_arrays(*i))],
+    "Max": lambda n, i, o: [np.maximum.reduce(np.broadcast_arrays(*i))],
+    "Pow": _elementwise(np.power),
+    "Abs": _elementwise(np.abs),
+    "Floor": _elementwise(np.floor),
+    "Ceil": _elementwise(np.ceil),
+    "Sign": _elementwise(np.sign),
+    "Less": _elementwise(np.less),
+    "Greater": _elementwise(np.greater),
+    "LessOrEqual": _elementwise(np.less_equal),
+    "GreaterOrEqual": _elementwise(np.greater_equal),
+    "Not": _elementwise(np.logical_not),
+    "And": _elementwise(np.logical_and),
+    "Or": _elementwise(np.logical_or),
+    "Xor": _elementwise(np.logical_xor),
+    "ReduceSum": _reduce(np.sum, 13),
+    "ReduceProd": _reduce(np.prod),
+    "ReduceMax": _reduce(np.max),
+    "ReduceMin": _reduce(np.min),
+    "Tile": _tile,
+    "Trilu": _trilu,
+    "CumSum": _cumsum,
 }
 
 
@@ -170,14 +238,18 @@ def fold(node, inputs: list, opsets: dict[str, int], out_types: list[int]) -> li
         except Exception as e:        # numpy's own complaint, on one line
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise FoldError(f"cannot fold at import: {why}") from None
+    inferred = infer_node(node, inputs, opsets, probe=False)
+    out_types = [t or it for t, (it, _) in zip(list(out_types) + [0] * len(inferred), inferred)]
     if outs is None:                  # no numpy folder for this case: onnxruntime folds it
         outs = _fold_with_ort(node, inputs, opsets, out_types)
     result = []
-    for arr, t in zip(outs, out_types):
+    for arr, t, (_, dims) in zip(outs, out_types, inferred):
         arr = np.asarray(arr)
         if t:
             want = helper.tensor_dtype_to_np_dtype(t)
             arr = arr if arr.dtype == want else arr.astype(want)
+        if dims is not None and arr.shape != dims and arr.size == int(np.prod(dims, dtype=np.int64)):
+            arr = arr.reshape(dims)   # onnxruntime gives 0-D results of some ops as 1-D (Mod)
         result.append(arr)
     return result
 
@@ -186,7 +258,7 @@ def _fold_with_ort(node, inputs, opsets, out_types):
     """Run the lone node in onnxruntime (quietly) with its inputs as initializers."""
     import onnxruntime as ort
 
-    inits = [numpy_helper.from_array(np.ascontiguousarray(v), name)
+    inits = [numpy_helper.from_array(np.asarray(v, order="C"), name)
              for name, v in zip(node.input, inputs) if name and v is not None]
     outs = [helper.make_tensor_value_info(name, t or onnx.TensorProto.FLOAT, None)
             for name, t in zip(node.output, out_types) if name]

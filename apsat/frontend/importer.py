@@ -24,8 +24,9 @@ from apsat.frontend.builder import Builder
 from apsat.frontend.folding import Const, FoldError, fold, fold_shape
 from apsat.frontend.lowering import LOWERINGS, BadAttribute, NodeCtx, NodeProblem
 from apsat.frontend.lowering_tensor import Unlowerable
+from apsat.frontend.node_shapes import infer_node
 from apsat.frontend.reading import (FLOAT_TYPES, check_structure, file_prefix, first_line, infer_and_check,
-                                    model_skeleton, node_name, read_model, true_inputs)
+                                    input_types, model_skeleton, node_name, read_model, true_inputs)
 from apsat.lang.program import OpaqueNode, Program
 from apsat.lang.term import Term
 from apsat.errors import ModelError, ShapeError
@@ -33,15 +34,28 @@ from apsat.frontend.model import Model
 
 __all__ = ["load_onnx", "LOWERINGS"]
 
+# Ops lowered whatever their output's element type: the language computes in float32, and
+# these give exact results on integers (|v| < 2**24) and booleans (0.0 / 1.0) carried so:
+# layout moves values unchanged, comparisons and logic yield 0/1, sums and products of
+# small integers round exactly. Division, Mod and Pow on integers are not exact in
+# float32, so they stay opaque calls on integer data. Cast decides per case (lower_cast).
+INTEGER_EXACT = frozenset({
+    "Identity", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat",
+    "Slice", "Split", "Gather", "Expand", "Pad", "Tile", "Where", "Equal", "Less", "Greater",
+    "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Add", "Sub", "Mul", "Neg",
+    "Abs", "Min", "Max", "Sum", "Relu", "Sign", "ReduceMax", "ReduceMin", "ReduceSum",
+    "ArgMax", "ArgMin", "Trilu"})
+
 
 def load_onnx(source, input_shapes: dict | None = None) -> Model:
     """Import an ONNX model (a path or a ModelProto). `input_shapes` (name -> dims)
-    overrides the declared dims of graph inputs, e.g. to fix a symbolic batch size."""
+    overrides the declared dims of graph inputs, as onnxsim's --overwrite-input-shape;
+    symbolic dims not fixed so become 1, and `Model.notices` says so."""
     start = time.perf_counter()
     proto, path = read_model(source)
     label = str(path) if path else ""
     check_structure(proto, label)
-    inputs = true_inputs(proto, input_shapes or {}, label)
+    inputs, notices = true_inputs(proto, input_shapes or {}, label)
     skeleton = model_skeleton(proto, inputs)
     info, complaint = infer_and_check(skeleton, label)
     importer = Importer(proto, inputs, info, label)
@@ -56,8 +70,10 @@ def load_onnx(source, input_shapes: dict | None = None) -> Model:
                          f"({type(e).__name__}: {first_line(e)})") from None
     if complaint:
         raise ModelError(complaint)
+    types = input_types(proto)
     return Model(program=program, inputs=inputs, weights=importer.weights, onnx=proto,
-                 path=path, import_seconds=time.perf_counter() - start)
+                 path=path, import_seconds=time.perf_counter() - start,
+                 input_types={n: types[n] for n in inputs}, notices=notices)
 
 
 def _tensor_array(init) -> np.ndarray:
@@ -167,6 +183,7 @@ class Importer:
         fn = LOWERINGS.get(node.op_type) if default else None
         if all_const and self._should_fold(fn, ins):
             return self._fold(idx, node, ins)
+        self._complete_info(node, ins)
         outs = self._lower(idx, node, fn) if fn is not None else None
         if outs is None:
             return self._fold(idx, node, ins) if all_const else self._opaque(idx, node, ins)
@@ -187,11 +204,32 @@ class Importer:
             return True
         return all(v is None or v.value.dtype.kind not in "fc" or v.value.size <= 1 for v in ins)
 
+    def _complete_info(self, node, ins):
+        """Element types and dims of the node's used outputs that onnx's whole-graph
+        inference left unknown, from the node alone on its known inputs (node_shapes)."""
+        if all(self.info.get(o, (0, None))[1] is not None and self.info[o][0]
+               for o in node.output if o and self.is_used(o)):
+            return
+        described = []
+        for name, v in zip(node.input, ins):
+            if v is None:
+                described.append(None)
+            elif isinstance(v, Const):
+                described.append(np.asarray(v.value))
+            else:
+                described.append((self.info.get(name, (0, None))[0], self.b.dims(v)))
+        for name, (elem, dims) in zip(node.output, infer_node(node, described, self.opsets)):
+            old_elem, old_dims = self.info.get(name, (0, None))
+            self.info[name] = (old_elem or elem, old_dims if old_dims is not None else dims)
+
     def _lower(self, idx: int, node, fn):
-        """The node's output terms, or None when it needs an opaque call: Unlowerable, a
-        non-float output, or an output the lowering does not produce but someone reads."""
+        """The node's output terms, or None when it needs an opaque call: Unlowerable, an
+        integer or boolean output of an op that is not exact on float32-carried integers
+        (INTEGER_EXACT), or an output the lowering does not produce but someone reads."""
         for name in node.output:
-            if name and self.is_used(name) and self.info.get(name, (1, None))[0] not in FLOAT_TYPES | {0}:
+            elem = self.info.get(name, (0, None))[0]
+            if name and self.is_used(name) and elem not in FLOAT_TYPES | {0} \
+                    and node.op_type not in INTEGER_EXACT:
                 return None
         opset = self.opsets.get(node.domain or "", self.opsets.get("", 1))
         ctx = NodeCtx(node, idx, opset, self.b, self)

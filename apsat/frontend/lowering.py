@@ -64,6 +64,10 @@ class NodeCtx:
         v = self._state.value(self._name(i))
         return tuple(v.value.shape) if hasattr(v, "value") else self.b.dims(v)
 
+    def elem_type(self, i: int) -> int:
+        """Input i's ONNX element type (0 when unknown)."""
+        return self._state.info.get(self._name(i), (0, None))[0]
+
     def const(self, i: int):
         """Input i's value when it is a constant (folded at import), else None."""
         if not self.has(i):

@@ -49,13 +49,22 @@ def lower_identity(ctx):
 
 
 def lower_cast(ctx):
-    """Cast to a float type passes through: the language computes in float32."""
+    """The language carries every value as float32 (integers exactly below 2**24, booleans
+    as 0/1), so a Cast that keeps the value passes through: to a float type, or from an
+    integer or boolean to an integer type. Casts that change the value (float to integer
+    truncates, anything to bool tests for nonzero) are Unlowerable here."""
     from onnx import TensorProto
 
-    if ctx.attr("to", None) not in (TensorProto.FLOAT, TensorProto.DOUBLE,
-                                    TensorProto.FLOAT16, TensorProto.BFLOAT16):
-        raise Unlowerable("Cast to a non-float type")
-    return [ctx.term(0)]
+    floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    to, source = ctx.attr("to", None), ctx.elem_type(0)
+    if to in floats:
+        return [ctx.term(0)]
+    integral = source not in floats and source != 0
+    if to == TensorProto.BOOL and source == TensorProto.BOOL:
+        return [ctx.term(0)]
+    if to not in (TensorProto.BOOL, TensorProto.STRING) and integral and source != TensorProto.STRING:
+        return [ctx.term(0)]
+    raise Unlowerable(f"Cast from element type {source} to {to} changes the value")
 
 
 def lower_transpose(ctx):

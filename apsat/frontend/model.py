@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,10 @@ class Model:
     """`program` has one output per ONNX graph output (same names, dims = the ONNX
     shape); `inputs` maps each true input (no initializer) to its dims; `weights` maps
     every tensor the program reads besides the inputs to a float32 array (read-only
-    broadcast views for ConstantOfShape fills); `onnx` is the ModelProto as loaded."""
+    broadcast views for ConstantOfShape fills); `onnx` is the ModelProto as loaded;
+    `input_types` gives each input's ONNX element type (the program reads every value as
+    float32: integers and booleans are carried exactly up to 2**24); `notices` are what
+    the import decided for the user (a symbolic dim set to 1), one line each."""
 
     program: Program
     inputs: dict[str, tuple[int, ...]]
@@ -29,6 +32,8 @@ class Model:
     onnx: object
     path: Path | None = None
     import_seconds: float = 0.0
+    input_types: dict[str, int] = field(default_factory=dict)
+    notices: list[str] = field(default_factory=list)
 
     def run(self, inputs: dict) -> dict[str, np.ndarray]:
         """Evaluate the program with the reference interpreter: {output name: array}."""

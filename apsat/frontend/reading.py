@@ -83,34 +83,69 @@ def check_structure(proto, label: str):
             raise ModelError(f"{file_prefix(label)}graph output {out.name!r} is produced by no node")
 
 
-def true_inputs(proto, overrides: dict, label: str) -> dict[str, tuple[int, ...]]:
+def true_inputs(proto, overrides: dict, label: str) -> tuple[dict[str, tuple[int, ...]], list[str]]:
     """Graph inputs without an initializer (old-style models list weights as inputs),
-    with static dims; a symbolic or unknown dim is an error unless overridden."""
+    with static dims, and the notices to show the user. `overrides` (name -> dims) replaces
+    an input's dims, as onnxsim's --overwrite-input-shape does; a symbolic dim left
+    (`N`, `batch_size`) takes the value an override gave the same name on another input,
+    else 1, with a notice. An unknown dim (no name) or a missing shape is an error."""
     inits = {i.name for i in proto.graph.initializer}
-    out = {}
-    for vi in proto.graph.input:
-        if vi.name in inits:
-            continue
+    declared = [vi for vi in proto.graph.input if vi.name not in inits]
+    unknown = set(overrides) - {vi.name for vi in declared}
+    if unknown:
+        raise ModelError(f"{file_prefix(label)}input_shapes names {sorted(unknown)}, "
+                         f"which are not graph inputs (inputs: {sorted(vi.name for vi in declared)})")
+    bound = _bound_dim_params(declared, overrides, label)
+    out, notices = {}, []
+    for vi in declared:
         if vi.name in overrides:
             out[vi.name] = tuple(int(d) for d in overrides[vi.name])
             continue
         t = vi.type.tensor_type
         if not t.HasField("shape"):
-            raise ModelError(f"{file_prefix(label)}input {vi.name!r} has no shape; pass input_shapes="
-                             f"{{{vi.name!r}: (...)}}")
+            raise ModelError(f"{file_prefix(label)}input {vi.name!r} has no shape; give it one "
+                             f"(--input-shape {vi.name}=D0,D1,... or input_shapes=)")
         dims = []
         for axis, d in enumerate(t.shape.dim):
-            if not d.HasField("dim_value") or d.dim_value <= 0:
-                sym = d.dim_param or "?"
-                raise ModelError(f"{file_prefix(label)}input {vi.name!r} has symbolic dim {sym!r} at axis "
-                                 f"{axis}; pass input_shapes={{{vi.name!r}: (...)}}")
-            dims.append(int(d.dim_value))
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(int(d.dim_value))
+            elif d.dim_param:
+                value = bound.setdefault(d.dim_param, 1)
+                if value == 1:
+                    notices.append(f"input {vi.name!r} axis {axis}: symbolic dim {d.dim_param!r} set to 1 "
+                                   f"(--input-shape {vi.name}=... to choose)")
+                dims.append(value)
+            else:
+                raise ModelError(f"{file_prefix(label)}input {vi.name!r} has an unknown dim at axis {axis}; "
+                                 f"give its shape (--input-shape {vi.name}=D0,D1,... or input_shapes=)")
         out[vi.name] = tuple(dims)
-    unknown = set(overrides) - set(out)
-    if unknown:
-        raise ModelError(f"{file_prefix(label)}input_shapes names {sorted(unknown)}, "
-                         f"which are not graph inputs")
-    return out
+    return out, notices
+
+
+def _bound_dim_params(declared, overrides: dict, label: str) -> dict[str, int]:
+    """Symbolic dim name -> the value the overridden inputs give it; a name given two
+    different values is an error."""
+    bound: dict[str, int] = {}
+    for vi in declared:
+        if vi.name not in overrides:
+            continue
+        dims = [int(d) for d in overrides[vi.name]]
+        if any(d <= 0 for d in dims):
+            raise ModelError(f"{file_prefix(label)}input shape for {vi.name!r} must be positive: {dims}")
+        shape = vi.type.tensor_type.shape.dim if vi.type.tensor_type.HasField("shape") else []
+        if shape and len(shape) != len(dims):
+            raise ModelError(f"{file_prefix(label)}input shape for {vi.name!r} has {len(dims)} dims, "
+                             f"the input has {len(shape)}")
+        for d, value in zip(shape, dims):
+            if d.dim_param and bound.setdefault(d.dim_param, value) != value:
+                raise ModelError(f"{file_prefix(label)}symbolic dim {d.dim_param!r} is given "
+                                 f"{bound[d.dim_param]} and {value}")
+    return bound
+
+
+def input_types(proto) -> dict[str, int]:
+    """Each graph input's ONNX element type (initializers' old-style inputs included)."""
+    return {vi.name: vi.type.tensor_type.elem_type for vi in proto.graph.input}
 
 
 def model_skeleton(proto, inputs: dict) -> onnx.ModelProto:

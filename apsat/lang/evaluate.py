@@ -274,7 +274,7 @@ def _opaque(ev, term, vals):
         np_type = helper.tensor_dtype_to_np_dtype(node.input_types[pos])
         if np.issubdtype(np_type, np.integer) and value.dtype.kind == "f":
             value = np.rint(value)        # float32-carried integers: round, never truncate
-        feeds[name] = np.ascontiguousarray(value, dtype=np_type)
+        feeds[name] = np.asarray(value, dtype=np_type, order="C")   # 0-D stays 0-D
     try:
         (result,) = sess.run([out], feeds)
     except Exception as e:

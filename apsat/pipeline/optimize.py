@@ -77,7 +77,8 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
              verify: bool = True, seed: int = 0, iter_limit: int = 30,
              node_limit: int = 100_000, time_limit: float = 10.0, progress=None,
              regions: bool = False, lowering: dict | None = None,
-             verify_backend: bool | None = None) -> OptimizeResult:
+             verify_backend: bool | None = None, input_shapes: dict | None = None,
+             inputs=None) -> OptimizeResult:
     """Optimise an ONNX model (a path, a ModelProto or a loaded Model) for `target`:
     import, saturate, extract, lower with the target's backend, verify.
 
@@ -94,6 +95,10 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
     lowering: the backend's options; systolic targets: im2col, fold_copies, fuse_zips
         (see apsat.backends.systolic.lower); None follows the cost model. ApsatError for
         another target or an unknown option.
+    input_shapes: name -> dims for the model's inputs (symbolic dims otherwise become 1;
+        the report's "notices" say so), as apsat.load_onnx takes them.
+    inputs: what verification runs on instead of seeded random inputs: name -> array, or
+        the path of an .npz with one array per input (apsat.pipeline.inputs.load_inputs).
     """
     from apsat.backends import backend_for
     from apsat.targets import parse_target
@@ -105,7 +110,8 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
     backend.check_options(lowering or {})
     tell = progress or (lambda phase: None)
     seconds: dict[str, float] = {}
-    m, eg, handles, loaded = _load(model, target, tell, seconds)
+    m, eg, handles, loaded = _load(model, target, tell, seconds, input_shapes)
+    given = _given_inputs(inputs, m)
     saturation = _saturate(eg, m, rules, regions, tell, seconds,
                            iter_limit=iter_limit, node_limit=node_limit, time_limit=time_limit)
     program = _timed("extract", tell, seconds, _extract, eg, handles, extractor)
@@ -114,7 +120,7 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
     report[backend.name] = lowered.report
     outputs = None
     if verify:
-        outputs = _verify(m, program, backend, lowered, report, seed, tell, seconds, verify_backend)
+        outputs = _verify(m, program, backend, lowered, report, given, seed, tell, seconds, verify_backend)
     return OptimizeResult(program, m, report, lowered, backend, outputs)
 
 
@@ -127,14 +133,26 @@ def _timed(phase: str, tell, seconds: dict, fn, *args):
     return out
 
 
-def _load(model, target, tell, seconds):
+def _given_inputs(inputs, m) -> dict | None:
+    """The user's inputs checked against the model (None when not given)."""
+    from apsat.pipeline.inputs import check_inputs, load_inputs
+
+    if inputs is None:
+        return None
+    if isinstance(inputs, (str, Path)):
+        return load_inputs(inputs, m)
+    return check_inputs(dict(inputs), m, "inputs")
+
+
+def _load(model, target, tell, seconds, input_shapes=None):
     """Import the model and load it into a fresh e-graph; returns (model, e-graph, output
     handles, (nodes, classes, cost of the imported program))."""
     from apsat.egraph.driver import EGraph
     from apsat.extract import extract
     from apsat.frontend.importer import load_onnx
 
-    m = _timed("import", tell, seconds, lambda: model if hasattr(model, "program") else load_onnx(model))
+    m = _timed("import", tell, seconds,
+               lambda: model if hasattr(model, "program") else load_onnx(model, input_shapes))
     tell("e-graph")
     t = time.perf_counter()
     eg = EGraph(target=target)
@@ -180,11 +198,13 @@ def _report(m, target, rules, program, eg, loaded, saturation, seconds) -> dict:
                        "dag_cost_before": cost_before,
                        "modelled_speedup": cost_before / program.cost if program.cost else None},
         "opaque_calls": sorted(program.opaque_nodes),
+        "opaque_ops": m.opaque_ops(),
+        "notices": list(getattr(m, "notices", [])),
         "seconds": seconds,
     }
 
 
-def _verify(m, program, backend, lowered, report, seed, tell, seconds, verify_backend):
+def _verify(m, program, backend, lowered, report, given, seed, tell, seconds, verify_backend):
     """Compare the program (reference interpreter) and, where it runs, the backend's
     lowered form with onnxruntime on the same seeded inputs; the first goes to
     report["verification"], the second to report[backend.name][backend.run_key]. Returns
@@ -192,7 +212,7 @@ def _verify(m, program, backend, lowered, report, seed, tell, seconds, verify_ba
     from apsat.pipeline.verify import compare, verify_program
     from apsat.pipeline.zoo import ort_run, random_inputs
 
-    inputs = random_inputs(m, seed)
+    inputs = given if given is not None else random_inputs(m, seed)
     report["verification"] = _timed("verify", tell, seconds, lambda: verify_program(m, program, inputs).to_dict())
     skipped = None if verify_backend else (backend.run_skipped() if verify_backend is None else "not asked")
     if skipped is not None:

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from apsat.pipeline.inputs import random_inputs  # noqa: F401  (the zoo's inputs; re-exported)
+
 
 def light_model_paths() -> list[Path]:
     """The light models inside the installed onnx package, sorted by name."""
@@ -88,19 +90,6 @@ def _drop_unread_initializers(g):
         for idx in range(len(field) - 1, -1, -1):
             if field[idx].name in dead:
                 del field[idx]
-
-
-def _true_inputs(model_proto) -> dict[str, tuple]:
-    inits = {i.name for i in model_proto.graph.initializer}
-    return {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
-            for vi in model_proto.graph.input if vi.name not in inits}
-
-
-def random_inputs(model, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded N(0, 1) float32 inputs for a Model (its `.inputs`) or a ModelProto."""
-    shapes = model.inputs if hasattr(model, "inputs") else _true_inputs(model)
-    rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(tuple(dims), dtype=np.float32) for name, dims in shapes.items()}
 
 
 # onnx.helper.make_model stamps the newest IR version, which a released onnxruntime may

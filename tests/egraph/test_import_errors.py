@@ -183,8 +183,33 @@ def _dynamic_model():
                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])])
 
 
-def test_symbolic_input_dim(capfd):
-    expect_error(capfd, _dynamic_model(), "input 'x'", "symbolic dim 'batch'", "input_shapes")
+def test_symbolic_input_dim_becomes_1_with_a_notice():
+    model = load_onnx(_dynamic_model())
+    assert model.inputs == {"x": (1, 3)}
+    (notice,) = model.notices
+    assert "input 'x'" in notice and "symbolic dim 'batch'" in notice and "--input-shape" in notice
+
+
+def test_symbolic_dim_shared_by_inputs_takes_the_given_value():
+    """A dim name given a value through one input's override binds it on every input."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    model = load_onnx(_graph_model([helper.make_node("Add", ["x", "z"], ["y"])], [x, z], [y]),
+                      input_shapes={"x": (5, 3)})
+    assert model.inputs == {"x": (5, 3), "z": (5, 3)} and not model.notices
+
+
+def test_conflicting_values_for_one_symbolic_dim(capfd):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    model = _graph_model([helper.make_node("Add", ["x", "z"], ["y"])], [x, z], [y])
+    expect_error(capfd, model, "'batch'", "2 and 3", input_shapes={"x": (2, 3), "z": (3, 3)})
+
+
+def test_override_with_the_wrong_rank(capfd):
+    expect_error(capfd, _dynamic_model(), "'x'", "3 dims", "has 2", input_shapes={"x": (1, 3, 1)})
 
 
 def test_symbolic_input_dim_override():

@@ -44,4 +44,4 @@ def run_host_step(path, name: str, tensors: dict, device):
     import torch
 
     out = evaluate_step(load_host_steps(path)[name], tensors)
-    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).to(device)
+    return torch.from_numpy(np.asarray(out, dtype=np.float32, order="C").copy()).to(device)

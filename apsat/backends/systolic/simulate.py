@@ -47,7 +47,8 @@ class Machine:
                 if x.shape != b.dims:
                     raise SimulationError(f"simulate: tensor {b.tensor!r} has shape {x.shape}, "
                                           f"the stream expects {b.dims}")
-                self.dram[name] = x
+                # the language carries integers and booleans as float32 (apsat.frontend.model)
+                self.dram[name] = x if x.dtype == np.float32 else x.astype(np.float32)
             elif b.kind == "const":
                 self.dram[name] = np.full(b.dims, b.value, dtype=np.float32)
         self.sp: dict[str, dict[int, tuple]] = {sp: {} for sp in SCRATCHPADS}
