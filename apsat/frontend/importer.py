@@ -24,7 +24,7 @@ from apsat.frontend.builder import Builder
 from apsat.frontend.folding import Const, FoldError, fold, fold_shape
 from apsat.frontend.lowering import LOWERINGS, BadAttribute, NodeCtx, NodeProblem
 from apsat.frontend.lowering_tensor import Unlowerable
-from apsat.frontend.node_shapes import infer_node
+from apsat.frontend.node_shapes import VALUE_DEPENDENT_SHAPES, infer_node
 from apsat.frontend.reading import (FLOAT_TYPES, check_structure, file_prefix, first_line, infer_and_check,
                                     input_types, model_skeleton, node_name, read_model, true_inputs)
 from apsat.lang.program import OpaqueNode, Program
@@ -281,8 +281,10 @@ class Importer:
             if dims is None:
                 known = node.domain in ("", "ai.onnx") or onnx.defs.has(node.op_type, node.domain)
                 what = "no lowering" if known else f"unknown op (domain {node.domain!r})"
-                raise ModelError(f"{where}: {what}, and onnx cannot infer the shape of its "
-                                 f"output {name!r}")
+                why = ("depends on the input values (apsat needs static shapes)"
+                       if node.op_type in VALUE_DEPENDENT_SHAPES else
+                       "cannot be determined (neither onnx's inference nor a run of the node says)")
+                raise ModelError(f"{where}: {what}, and the shape of its output {name!r} {why}")
             self.opaque_nodes[name] = OpaqueNode(
                 node=node.SerializeToString(), arg_inputs=tuple(arg_inputs), constants=constants,
                 input_types=tuple(types), output_index=k,
