@@ -28,7 +28,8 @@ from apsat.frontend.node_shapes import VALUE_DEPENDENT_SHAPES, infer_node
 from apsat.frontend.reading import (FLOAT_TYPES, check_structure, file_prefix, first_line, infer_and_check,
                                     input_types, model_skeleton, node_name, read_model, true_inputs)
 from apsat.lang.program import OpaqueNode, Program
-from apsat.lang.term import Term
+from apsat.lang.evaluate import evaluate
+from apsat.lang.term import Term, postorder
 from apsat.errors import ModelError, ShapeError
 from apsat.frontend.model import Model
 
@@ -184,9 +185,12 @@ class Importer:
         if all_const and self._should_fold(fn, ins):
             return self._fold(idx, node, ins)
         self._complete_info(node, ins)
+        ins_all = ins
         outs = self._lower(idx, node, fn) if fn is not None else None
         if outs is None:
-            return self._fold(idx, node, ins) if all_const else self._opaque(idx, node, ins)
+            if not all_const:
+                ins = self._constants_of(node, ins)
+            return self._fold(idx, node, ins) if ins is not None else self._opaque(idx, node, ins_all)
         for name, term in zip(node.output, outs):
             if name and term is not None:
                 expect = self.info.get(name, (0, None))[1]
@@ -221,6 +225,29 @@ class Importer:
         for name, (elem, dims) in zip(node.output, infer_node(node, described, self.opsets)):
             old_elem, old_dims = self.info.get(name, (0, None))
             self.info[name] = (old_elem or elem, old_dims if old_dims is not None else dims)
+
+    def _constants_of(self, node, ins):
+        """The inputs as constants when every term among them computes on weights and
+        literals only (a float mask built in the language, which an op without a lowering,
+        such as Swin's ScatterND, reads): evaluated once here, so the node folds instead
+        of running on the host at every inference. None when one depends on an input."""
+        terms = {name: v for name, v in zip(node.input, ins) if isinstance(v, Term)}
+        reads = {t.args[0] for t in postorder(list(terms.values())) if t.op in ("access-tensor", "opaque")}
+        if reads & (set(self.inputs) | set(self.opaque_nodes)) or any(
+                t.op == "opaque" for t in postorder(list(terms.values()))):
+            return None
+        program = Program(terms, dict(self.tensor_shapes), {}, weights=frozenset(self.weights))
+        values = evaluate(program, self.weights)
+        values = values if isinstance(values, dict) else {next(iter(terms)): values}
+        out = []
+        for name, v in zip(node.input, ins):
+            if isinstance(v, Term):
+                elem = self.info.get(name, (onnx.TensorProto.FLOAT, None))[0] or onnx.TensorProto.FLOAT
+                arr = np.asarray(values[name])
+                want = helper.tensor_dtype_to_np_dtype(elem)
+                v = Const(np.rint(arr).astype(want) if np.dtype(want).kind in "biu" else arr.astype(want))
+            out.append(v)
+        return out
 
     def _lower(self, idx: int, node, fn):
         """The node's output terms, or None when it needs an opaque call: Unlowerable, an

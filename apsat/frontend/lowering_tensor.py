@@ -169,16 +169,30 @@ def lower_slice(ctx):
     if starts is None or ends is None or len(starts) != len(ends):
         ctx.bad_attr("starts", "starts and ends are missing or differ in length")
     axes = list(range(len(starts))) if axes is None else axes
-    if steps is not None and any(int(s) != 1 for s in steps):
-        raise Unlowerable("Slice with a step other than 1")
+    steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
+    if any(s < 1 for s in steps):
+        raise Unlowerable("Slice with a negative step (a reversal) has no access-pattern form")
     t = ctx.term(0)
-    for a, s, e in zip(axes, starts, ends):
+    for a, s, e, step in zip(axes, starts, ends, steps):
         a = normalize_axis(ctx, int(a), len(dims), "axes")
         lo, hi = _slice_bounds(int(s), int(e), dims[a])
         if lo >= hi:
             raise Unlowerable("empty Slice")
-        t = ctx.b.slice(t, a, lo, hi)
+        t = ctx.b.slice(t, a, lo, hi) if step == 1 else _strided(ctx.b, t, a, lo, hi, step)
     return [t]
+
+
+def _strided(b, t, axis: int, lo: int, hi: int, step: int):
+    """Every step-th element of [lo, hi) on `axis` (Swin's x[:, 0::2, 1::2]): the range
+    zero-padded to a whole number of steps, split into (count, step), position 0 kept."""
+    count = -(-(hi - lo) // step)
+    n = b.dims(t)[axis]
+    t = b.slice(t, axis, lo, min(n, lo + count * step))
+    t = b.pad(t, "zero-padding", axis, 0, max(0, lo + count * step - n))
+    dims = b.dims(t)
+    t = b.reshape(t, dims[:axis] + (count, step) + dims[axis + 1:])
+    t = b.slice(t, axis + 1, 0, 1)
+    return b.reshape(t, dims[:axis] + (count,) + dims[axis + 1:])
 
 
 def lower_split(ctx):

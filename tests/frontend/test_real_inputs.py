@@ -164,3 +164,40 @@ def test_cli_bad_input_shape(flag, capsys):
     with pytest.raises(SystemExit) as info:
         main(["optimize", "m.onnx", "--input-shape", flag])
     assert info.value.code == 2 and "NAME=D0,D1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("starts, ends, steps", [([0], [99], [2]), ([1], [7], [3]), ([1, 0], [5, 9], [2, 4])])
+def test_strided_slice_is_lowered(starts, ends, steps):
+    """Swin's patch merging, x[:, 0::2, 1::2]: a step > 1 is a reshape and a slice."""
+    import models
+
+    from apsat.pipeline.zoo import ort_run
+
+    axes = np.arange(1, len(starts) + 1, dtype=np.int64)
+    w = {"s": np.array(starts, np.int64), "e": np.array(ends, np.int64), "a": axes,
+         "st": np.array(steps, np.int64)}
+    m = models.make_model([helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"])], {"x": (2, 7, 9)}, ["y"], w)
+    model = apsat.load_onnx(m)
+    assert not model.opaque_ops()
+    x = np.random.default_rng(0).standard_normal((2, 7, 9)).astype(np.float32)
+    np.testing.assert_array_equal(model.run({"x": x})["y"], ort_run(m, {"x": x})["y"])
+
+
+def test_op_without_lowering_on_weight_derived_terms_folds():
+    """Swin builds its shifted-window mask with ScatterND over a float tensor computed in
+    the language from constants only: evaluated at import, not a host step."""
+    from apsat.pipeline.zoo import ort_run
+
+    zeros = nh.from_array(np.zeros((4, 4), np.float32), "zeros")
+    idx = nh.from_array(np.array([[1], [3]], np.int64), "idx")
+    upd = nh.from_array(np.arange(8, dtype=np.float32).reshape(2, 4), "upd")
+    nodes = [helper.make_node("Add", ["upd", "upd"], ["upd2"]),            # lowered: a term
+             helper.make_node("ScatterND", ["zeros", "idx", "upd2"], ["mask"]),
+             helper.make_node("Add", ["x", "mask"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [4, 4])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [4, 4])], initializer=[zeros, idx, upd])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = apsat.load_onnx(m)
+    assert not model.opaque_ops()
+    x = np.ones((4, 4), np.float32)
+    np.testing.assert_array_equal(model.run({"x": x})["y"], ort_run(m, {"x": x})["y"])
