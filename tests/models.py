@@ -24,7 +24,7 @@ def make_model(nodes, inputs: dict, outputs: list[str], weights: dict | None = N
     graph = helper.make_graph(
         nodes, "test",
         [helper.make_tensor_value_info(n, FLOAT, list(d)) for n, d in inputs.items()],
-        [helper.make_tensor_value_info(n, FLOAT, None) for n in outputs],
+        [helper.make_tensor_value_info(n, 0, None) for n in outputs],   # typed by inference
         initializer=[numpy_helper.from_array(np.asarray(v), n) for n, v in weights.items()])
     opsets = [helper.make_opsetid("", opset)]
     opsets += [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]

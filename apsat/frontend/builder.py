@@ -155,6 +155,18 @@ class Builder:
             acc = self.compute(op, self.make("access-pair", acc, self.expand(t, out)))
         return acc
 
+    def select(self, cond: Term, a: Term, other: Term) -> Term:
+        """numpy-broadcast `where(cond != 0, a, other)`: the three operands broadcast to
+        the output, each given a trailing size-1 axis made the item, concatenated into
+        item (3,), `compute select` (as ONNX Where's lowering)."""
+        terms = [cond, a, other]
+        out = tuple(np.broadcast_shapes(*(self.dims(t) for t in terms)))
+        parts = [self.at(self.insert_axis(self.expand(t, out), len(out)), len(out)) for t in terms]
+        acc = parts[0]
+        for p in parts[1:]:
+            acc = self.make("access-concatenate", acc, p, len(out))
+        return self.compute("select", acc)
+
     def channel(self, t: Term, rank: int) -> Term:
         """A per-channel 1-D vector (C,) shaped (1, C, 1, ...) for an NC... tensor."""
         (c,) = self.dims(t)

@@ -38,14 +38,15 @@ __all__ = ["load_onnx", "LOWERINGS"]
 # Ops lowered whatever their output's element type: the language computes in float32, and
 # these give exact results on integers (|v| < 2**24) and booleans (0.0 / 1.0) carried so:
 # layout moves values unchanged, comparisons and logic yield 0/1, sums and products of
-# small integers round exactly. Division, Mod and Pow on integers are not exact in
-# float32, so they stay opaque calls on integer data. Cast decides per case (lower_cast).
+# small integers round exactly. Division and Pow on integers are not exact in
+# float32, so they stay opaque calls on integer data; Mod is exact (fmod is exact in IEEE
+# arithmetic, and the sign fix-up adds small integers). Cast decides per case (lower_cast).
 INTEGER_EXACT = frozenset({
     "Identity", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat",
     "Slice", "Split", "Gather", "Expand", "Pad", "Tile", "Where", "Equal", "Less", "Greater",
     "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Add", "Sub", "Mul", "Neg",
     "Abs", "Min", "Max", "Sum", "Relu", "Sign", "ReduceMax", "ReduceMin", "ReduceSum",
-    "ArgMax", "ArgMin", "Trilu"})
+    "ArgMax", "ArgMin", "Trilu", "IsNaN", "Mod", "Floor", "Ceil"})
 
 
 def load_onnx(source, input_shapes: dict | None = None) -> Model:

@@ -6,14 +6,20 @@ output it does not produce. It raises `Unlowerable` when this node or attribute 
 has no lowering (the importer emits an opaque call, or folds a node whose inputs are all
 constants), `NodeProblem`/`BadAttribute` when the node itself is malformed (the importer
 turns them into a ModelError naming the node). Layout ops live in lowering_tensor.py,
-neural-network ops in lowering_nn.py, elementwise ops here.
+convolutions, pools and matrix products in lowering_nn.py, one family a module beside it
+(lowering_reduce, lowering_norm, lowering_convtranspose, lowering_resize), element-wise
+ops here.
 """
 from __future__ import annotations
 
 import numpy as np
 import onnx
 
+from apsat.frontend import lowering_convtranspose as convt
 from apsat.frontend import lowering_nn as nn
+from apsat.frontend import lowering_norm as norm
+from apsat.frontend import lowering_reduce as red
+from apsat.frontend import lowering_resize as resize
 from apsat.frontend import lowering_tensor as tensor
 from apsat.frontend.builder import Builder
 from apsat.frontend.lowering_tensor import Unlowerable
@@ -170,6 +176,49 @@ def lower_leaky_relu(ctx):
     return [ctx.b.compute("leaky-relu", ctx.term(0), float(ctx.attr("alpha", 0.01)))]
 
 
+def _variadic(op):
+    def lower(ctx):
+        """Every input numpy-broadcast, a left-to-right chain of pairs (ONNX's order)."""
+        return [ctx.b.elementwise(op, [ctx.term(i) for i in range(ctx.n_inputs)])]
+    return lower
+
+
+def _with_attrs(op, **defaults):
+    def lower(ctx):
+        """`compute (op attrs...)` with the float attributes in order, ONNX's defaults for
+        the missing ones."""
+        return [ctx.b.compute(op, ctx.term(0), *(float(ctx.attr(k, d)) for k, d in defaults.items()))]
+    return lower
+
+
+def lower_prelu(ctx):
+    """The slope broadcast to X (unidirectional: X's dims are the output's), `compute prelu`.
+    Before opset 7 a (C,) slope was per channel, not numpy-broadcast: Unlowerable."""
+    if ctx.opset < 7:
+        raise Unlowerable("PRelu before opset 7 broadcasts its slope per channel")
+    if np.broadcast_shapes(ctx.dims(0), ctx.dims(1)) != ctx.dims(0):
+        ctx.fail(f"slope dims {ctx.dims(1)} do not broadcast to X's {ctx.dims(0)}")
+    return [ctx.b.elementwise("prelu", [ctx.term(0), ctx.term(1)])]
+
+
+def lower_mod(ctx):
+    """fmod=0 (ONNX's default): the divisor's sign, `elementwise-mod`; fmod=1: C's fmod,
+    the dividend's sign, `elementwise-fmod`."""
+    fmod = ctx.attr("fmod", 0)
+    if fmod not in (0, 1):
+        ctx.bad_attr("fmod", f"must be 0 or 1, got {fmod!r}")
+    op = "elementwise-fmod" if fmod else "elementwise-mod"
+    return [ctx.b.elementwise(op, [ctx.term(0), ctx.term(1)])]
+
+
+def lower_gelu(ctx):
+    """ONNX Gelu (opset 20): approximate="none" is the erf form `gelu`, "tanh" `gelu-tanh`."""
+    approximate = ctx.attr("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        ctx.bad_attr("approximate", f"must be 'none' or 'tanh', got {approximate!r}")
+    return [ctx.b.compute("gelu" if approximate == "none" else "gelu-tanh", ctx.term(0))]
+
+
 def lower_constant(ctx):
     """Constant nodes are folded at import; as data the value is a literal (one element)
     or a weight named after the output (see importer.Importer.term)."""
@@ -195,6 +244,36 @@ LOWERINGS: dict = {
     "Sigmoid": _unary("sigmoid"),
     "Clip": lower_clip,
     "LeakyRelu": lower_leaky_relu,
+    "HardSigmoid": _with_attrs("hard-sigmoid", alpha=0.2, beta=0.5),
+    "HardSwish": _unary("hard-swish"),
+    "Elu": _with_attrs("elu", alpha=1.0),
+    "Selu": _with_attrs("selu", alpha=1.67326319217681884765625, gamma=1.05070102214813232421875),
+    "Softplus": _unary("softplus"),
+    "Softsign": _unary("softsign"),
+    "Mish": _unary("mish"),
+    "Gelu": lower_gelu,
+    "PRelu": lower_prelu,
+    "Abs": _unary("abs"),
+    "Log": _unary("log"),
+    "Reciprocal": _unary("reciprocal"),
+    "Floor": _unary("floor"),
+    "Ceil": _unary("ceil"),
+    "Cos": _unary("cos"),
+    "Sin": _unary("sin"),
+    "Sign": _unary("sign"),
+    "Max": _variadic("elementwise-max"),
+    "Min": _variadic("elementwise-min"),
+    "Mod": lower_mod,
+    "Equal": _binary("equal"),
+    "Less": _binary("less"),
+    "LessOrEqual": _binary("less-equal"),
+    "Greater": _binary("greater"),
+    "GreaterOrEqual": _binary("greater-equal"),
+    "Not": _unary("logical-not"),
+    "IsNaN": _unary("is-nan"),
+    "And": _binary("logical-and"),
+    "Or": _binary("logical-or"),
+    "Xor": _binary("logical-xor"),
     "Constant": lower_constant,
     # layout
     "Identity": tensor.lower_identity,
@@ -223,7 +302,21 @@ LOWERINGS: dict = {
     "Softmax": nn.lower_softmax,
     "Gemm": nn.lower_gemm,
     "MatMul": nn.lower_matmul,
-    "ReduceMean": nn.lower_reducemean,
-    "ReduceMax": nn.lower_reducemax,
-    "ReduceSum": nn.lower_reducesum,
+    "ConvTranspose": convt.lower_convtranspose,
+    "InstanceNormalization": norm.lower_instancenorm,
+    "GroupNormalization": norm.lower_groupnorm,
+    "ReduceMean": red.lower_reducemean,
+    "ReduceMax": red.lower_reducemax,
+    "ReduceSum": red.lower_reducesum,
+    "ReduceMin": red.lower_reducemin,
+    "ReduceL1": red.lower_reducel1,
+    "ReduceL2": red.lower_reducel2,
+    "ReduceSumSquare": red.lower_reducesumsquare,
+    "ReduceLogSum": red.lower_reducelogsum,
+    "ReduceLogSumExp": red.lower_reducelogsumexp,
+    "ReduceProd": red.lower_reduceprod,
+    "ArgMax": red.lower_argmax,
+    "ArgMin": red.lower_argmax,
+    "Resize": resize.lower_resize,
+    "Upsample": resize.lower_resize,
 }

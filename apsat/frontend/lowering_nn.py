@@ -1,5 +1,7 @@
-"""Lowerings of ONNX's neural-network ops: convolution, pooling, normalisation, matmul,
-softmax and reductions. Conventions (ctx, returned terms, Unlowerable): lowering_tensor.py.
+"""Lowerings of ONNX's neural-network ops: convolution, pooling, normalisation, matmul and
+softmax. Reductions are in lowering_reduce.py, Instance/GroupNormalization in
+lowering_norm.py, ConvTranspose in lowering_convtranspose.py, Resize in lowering_resize.py.
+Conventions (ctx, returned terms, Unlowerable): lowering_tensor.py.
 
 Convolution follows Glenside: pad, `(access x 1)`, windows over (C, kh, kw), squeeze the
 window axis of C, cartesian product with the weights accessed at 1, `compute dot-product`,
@@ -13,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from apsat.frontend.lowering_tensor import Unlowerable, axes_from, normalize_axis
+from apsat.frontend.lowering_tensor import Unlowerable, normalize_axis
 
 
 # ---- window geometry ------------------------------------------------------------------------
@@ -86,7 +88,7 @@ def lower_conv(ctx):
     g = ctx.attr("group", 1)
     if g < 1:
         ctx.bad_attr("group", f"{g} is not positive")
-    (n, c, *spatial), (m, cg, *kernel) = xd, wd
+    (_, c, *spatial), (m, cg, *kernel) = xd, wd
     if ctx.ints("kernel_shape", kernel) != kernel:
         ctx.bad_attr("kernel_shape", f"{ctx.ints('kernel_shape', None)} differs from the "
                                      f"weight's kernel {kernel}")
@@ -95,19 +97,28 @@ def lower_conv(ctx):
                  f"expects {cg * g}")
     if m % g:
         ctx.fail(f"weight {ctx.node.input[1]!r} has {m} output channels, not divisible by group {g}")
-    begin, end, _, strides, dil, out = _geometry(ctx, spatial, kernel)
+    begin, end, _, strides, dil, _ = _geometry(ctx, spatial, kernel)
     x = _pad_spatial(b, ctx.term(0), "zero-padding", begin, end)
-    s = len(spatial)
-    if g == 1:
-        win = b.windows(b.at(x, 1), (c, *kernel), (1, *strides), (1, *dil))  # ((N,1,O..),(C,k..))
-        win = b.squeeze(win, 1)
-        y = b.compute("dot-product", b.make("access-cartesian-product", win, b.at(ctx.term(1), 1)))
-        y = b.transpose(y, (0, s + 1) + tuple(range(1, s + 1)))             # (N,O..,M) -> NCHW
-    else:
-        y = _grouped(b, x, ctx.term(1), g, (n, c, *b.dims(x)[2:]), m, kernel, strides, dil, out)
+    y = conv(b, x, ctx.term(1), g, strides, dil)
     if ctx.has(2):
         y = b.elementwise("elementwise-add", [y, b.channel(ctx.term(2), len(xd))])
     return [y]
+
+
+def conv(b, x, w, g, strides, dil):
+    """The convolution (cross-correlation) of an already padded x (N, C, spatial..) with
+    the weight term w (M, C/g, k..) in g groups, strides and dilations per spatial dim;
+    (N, M, out..), no bias. Shapes are the caller's to check (lower_conv, ConvTranspose)."""
+    n, c, *padded = b.dims(x)
+    m, _, *kernel = b.dims(w)
+    s = len(kernel)
+    if g == 1:
+        win = b.windows(b.at(x, 1), (c, *kernel), (1, *strides), (1, *dil))  # ((N,1,O..),(C,k..))
+        win = b.squeeze(win, 1)
+        y = b.compute("dot-product", b.make("access-cartesian-product", win, b.at(w, 1)))
+        return b.transpose(y, (0, s + 1) + tuple(range(1, s + 1)))          # (N,O..,M) -> NCHW
+    out = [(p - (k - 1) * d - 1) // st + 1 for p, k, d, st in zip(padded, kernel, dil, strides)]
+    return _grouped(b, x, w, g, (n, c, *padded), m, kernel, strides, dil, out)
 
 
 def _grouped(b, x, w, g, xdims, m, kernel, strides, dil, out):
@@ -300,29 +311,3 @@ def lower_matmul(ctx):
     bt = b.broadcast(b.reshape(bt, (1,) * (len(batch) - len(bd) + 2) + bd[:-2] + (1, n, k)), target, r - 1)
     y = b.compute("dot-product", b.make("access-pair", a, bt))           # ((batch, M, N), ())
     return [b.squeeze(y, r - 3) if squeeze_m else y]
-
-
-# ---- reductions -----------------------------------------------------------------------------
-
-def _reduce(op, axes_input_since):
-    def lower(ctx):
-        """Reduced axes moved last (transpose), accessed as the item, reduced; keepdims
-        reshapes the 1s back in."""
-        b, dims = ctx.b, ctx.dims(0)
-        axes = axes_from(ctx, "axes", 1, since=axes_input_since)
-        if not axes:
-            if ctx.attr("noop_with_empty_axes", 0):
-                return [ctx.term(0)]
-            axes = list(range(len(dims)))
-        axes = sorted({normalize_axis(ctx, a, len(dims), "axes") for a in axes})
-        keep = [i for i in range(len(dims)) if i not in axes]
-        y = b.compute(op, b.at(b.transpose(ctx.term(0), keep + axes), len(keep)))
-        if ctx.attr("keepdims", 1):
-            y = b.reshape(y, tuple(1 if i in axes else d for i, d in enumerate(dims)))
-        return [y]
-    return lower
-
-
-lower_reducemean = _reduce("reduce-mean", 18)
-lower_reducemax = _reduce("reduce-max", 18)
-lower_reducesum = _reduce("reduce-sum", 13)

@@ -51,8 +51,8 @@ def lower_identity(ctx):
 def lower_cast(ctx):
     """The language carries every value as float32 (integers exactly below 2**24, booleans
     as 0/1), so a Cast that keeps the value passes through: to a float type, or from an
-    integer or boolean to an integer type. Casts that change the value (float to integer
-    truncates, anything to bool tests for nonzero) are Unlowerable here."""
+    integer or boolean to an integer type. A Cast to bool is `nonzero`. Float to integer
+    (it truncates) is Unlowerable here."""
     from onnx import TensorProto
 
     floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -64,6 +64,8 @@ def lower_cast(ctx):
         return [ctx.term(0)]
     if to not in (TensorProto.BOOL, TensorProto.STRING) and integral and source != TensorProto.STRING:
         return [ctx.term(0)]
+    if to == TensorProto.BOOL and source not in (0, TensorProto.STRING):
+        return [ctx.b.compute("nonzero", ctx.term(0))]          # nonzero is true
     raise Unlowerable(f"Cast from element type {source} to {to} changes the value")
 
 

@@ -36,7 +36,8 @@ class Model:
     notices: list[str] = field(default_factory=list)
 
     def run(self, inputs: dict) -> dict[str, np.ndarray]:
-        """Evaluate the program with the reference interpreter: {output name: array}."""
+        """Evaluate the program with the reference interpreter: {output name: array of
+        the output's ONNX element type}."""
         from apsat.lang.evaluate import evaluate
 
         missing = sorted(set(self.inputs) - set(inputs))
@@ -49,9 +50,20 @@ class Model:
                 raise ModelError(f"run: input {name!r} has shape {np.shape(inputs[name])}, "
                                  f"the model takes {tuple(dims)}")
         result = evaluate(self.program, {**self.weights, **inputs})
-        if isinstance(result, dict):
-            return result
-        return {next(iter(self.program.outputs)): result}
+        if not isinstance(result, dict):
+            result = {next(iter(self.program.outputs)): result}
+        return {name: self._as_declared(name, value) for name, value in result.items()}
+
+    def _as_declared(self, name: str, value: np.ndarray) -> np.ndarray:
+        """An output in its ONNX element type: the program carries integers and booleans
+        as float32 (rounded back here, never truncated)."""
+        from onnx import helper
+
+        elem = next((o.type.tensor_type.elem_type for o in self.onnx.graph.output if o.name == name), 0)
+        want = np.dtype(helper.tensor_dtype_to_np_dtype(elem)) if elem else np.dtype(np.float32)
+        if want.kind in "biu":
+            return np.rint(value).astype(want)
+        return value if value.dtype == want else value.astype(want)
 
     def source_op_counts(self) -> dict[str, int]:
         """How many ONNX nodes of each op type the source graph has."""

@@ -28,13 +28,16 @@ from typing import Callable
 
 # The primitive functions, by arity: exactly the GPU expression IR's functions
 # (apsat/backends/gpu/expr.py), which both kernel dialects render.
+# log1p is log(1 + x) without the rounding of 1 + x (softplus of very negative x is exp(x),
+# as onnxruntime's); fmod is C's fmodf (exact: the remainder's sign is the dividend's).
 FUNCTIONS = {"neg": 1, "sqrt": 1, "exp": 1, "erf": 1, "tanh": 1, "sigmoid": 1, "abs": 1,
-             "log": 1, "recip": 1,
-             "add": 2, "sub": 2, "mul": 2, "div": 2, "pow": 2, "max": 2, "min": 2}
+             "log": 1, "log1p": 1, "recip": 1, "floor": 1, "ceil": 1, "cos": 1, "sin": 1,
+             "add": 2, "sub": 2, "mul": 2, "div": 2, "pow": 2, "max": 2, "min": 2, "fmod": 2}
 # Arithmetic of one evaluation of each function (transcendentals cost a few operations);
 # a select costs one. An operator's FLOP figure is the sum over its formula (`flops`).
 FUNCTION_FLOPS = {"add": 1, "sub": 1, "mul": 1, "div": 1, "max": 1, "min": 1, "neg": 1,
-                  "abs": 1, "recip": 1, "sqrt": 4, "exp": 4, "log": 4, "erf": 8, "tanh": 8,
+                  "abs": 1, "recip": 1, "floor": 1, "ceil": 1, "sqrt": 4, "exp": 4, "log": 4,
+                  "log1p": 6, "fmod": 4, "erf": 8, "tanh": 8, "cos": 8, "sin": 8,
                   "sigmoid": 6, "pow": 4}
 SELECT_FLOPS = 1
 CONDITIONS = ("nz", "ge")
@@ -155,6 +158,51 @@ def tanh(a) -> Formula:
 
 def sigmoid(a) -> Formula:
     return call("sigmoid", a)
+
+
+def absolute(a) -> Formula:
+    """|a|."""
+    return call("abs", a)
+
+
+def log(a) -> Formula:
+    """Natural logarithm."""
+    return call("log", a)
+
+
+def log1p(a) -> Formula:
+    """log(1 + a), accurate for small a."""
+    return call("log1p", a)
+
+
+def recip(a) -> Formula:
+    """1 / a."""
+    return call("recip", a)
+
+
+def floor(a) -> Formula:
+    """Round toward -inf."""
+    return call("floor", a)
+
+
+def ceil(a) -> Formula:
+    """Round toward +inf."""
+    return call("ceil", a)
+
+
+def cos(a) -> Formula:
+    """Cosine."""
+    return call("cos", a)
+
+
+def sin(a) -> Formula:
+    """Sine."""
+    return call("sin", a)
+
+
+def fmod(a, b) -> Formula:
+    """C's fmodf: a - trunc(a / b) * b, exactly (the sign of a)."""
+    return call("fmod", a, b)
 
 
 # ---- reading a formula ----------------------------------------------------------------------

@@ -27,17 +27,42 @@ arguments, `(chain elementwise-add relu)`, `(chain (chain elementwise-mul tanh) 
 """
 from __future__ import annotations
 
+import math
+
 from apsat.lang import arithmetic as ar
 from apsat.lang import semantics as sem
 from apsat.lang import shapes as sh
-from apsat.lang.formula import (SQRT2, X, arg, erf, exp, maximum, minimum, neg, nz, param,
-                                power, select, sigmoid, sqrt, tanh)
+from apsat.lang.formula import (SQRT2, X, absolute, arg, call, ceil, cos, erf, exp, floor, fmod,
+                                lift, log1p, maximum, minimum, neg, nz, param, power, recip,
+                                select, sigmoid, sin, sqrt, tanh)
 from apsat.lang.spec import ComputeSpec, OpSpec
 from apsat.lang.term import ATTRIBUTE_OPS
 
 Dims = tuple[int, ...]
 AccessShape = tuple[Dims, Dims]
 X0, X1, X2 = arg(0), arg(1), arg(2)
+
+# ---- formulas several element-wise entries share, in onnxruntime's float32 steps ----------------
+
+# log(1 + e**x) as x + log1p(e**-x) for x >= 0 and log1p(e**x) below: e** never overflows
+# where it is selected (softplus(100) is 100), and tiny results keep their value, as onnxruntime's.
+SOFTPLUS = select(X >= 0.0, X + log1p(exp(-X)), log1p(exp(X)))
+GELU_B = math.sqrt(2.0 / math.pi)           # tanh GELU: tanh(x * (C * x * x + B)), onnxruntime's
+GELU_C = 0.044715 * GELU_B                  # factoring of sqrt(2/pi) * (x + 0.044715 x**3)
+ONE, ZERO = lift(1.0), lift(0.0)            # booleans and comparison results: 1.0 / 0.0
+
+
+def _hard_sigmoid(x, alpha, beta):
+    """max(0, min(1, alpha * x + beta)) in onnxruntime's order."""
+    return maximum(minimum(alpha * x + beta, 1.0), 0.0)
+
+
+def _floor_mod(a, b):
+    """a - floor(a / b) * b, exactly: C's fmod r (the sign of a), plus b where r is not 0
+    and r and b differ in sign (numpy's and onnxruntime's float mod)."""
+    r = fmod(a, b)
+    return select(nz(r), select(r >= 0.0, select(b >= 0.0, r, r + b), select(b >= 0.0, r + b, r)), r)
+
 
 OPS: dict[str, OpSpec] = {s.name: s for s in [
     OpSpec("access-tensor", ("name",), sh.access_tensor,
@@ -141,10 +166,72 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
     ComputeSpec("select", (), "nary", "item[1] where item[0] != 0 else item[2].", ("Where",),
                 scalar=select(nz(X0), X1, X2), arity=3),
     ComputeSpec("gelu", (), "map",
-                "Exact (erf) GELU, elementwise: x * (erf(x / sqrt 2) + 1) * 0.5 in float32.",
-                "produced by the fusion rules from the Div/Erf/Add/Mul pattern exporters write; "
-                "ONNX Gelu (opset 20) is not lowered yet",
-                scalar=X * (erf(X / SQRT2) + 1.0) * 0.5, activation=True),
+                "Exact (erf) GELU, elementwise: x * (erf(x / sqrt 2) + 1) * 0.5 in float32; also "
+                "built by the fusion rules from the Div/Erf/Add/Mul pattern exporters write.",
+                ("Gelu",), scalar=X * (erf(X / SQRT2) + 1.0) * 0.5, activation=True),
+    # ONNX element-wise ops. Booleans are float32 0.0/1.0 and read as nonzero = true;
+    # comparisons are NaN-false like onnxruntime's (two >= conditions where one cannot say it).
+    ComputeSpec("gelu-tanh", (), "map",
+                "tanh GELU: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))).", ("Gelu",),
+                scalar=0.5 * X * (tanh(X * (GELU_C * X * X + GELU_B)) + 1.0), activation=True),
+    ComputeSpec("hard-sigmoid", ("float", "float"), "map", "max(0, min(1, alpha * x + beta)).",
+                ("HardSigmoid",), scalar=_hard_sigmoid(X, param(0), param(1)), activation=True),
+    ComputeSpec("hard-swish", (), "map", "x * hard-sigmoid(x) with alpha 1/6, beta 0.5 (ONNX's).",
+                ("HardSwish",), scalar=X * _hard_sigmoid(X, 1.0 / 6.0, 0.5), activation=True),
+    ComputeSpec("elu", ("float",), "map", "x where x >= 0, else alpha * (e**x - 1).", ("Elu",),
+                scalar=select(X >= 0.0, X, param(0) * (exp(X) - 1.0)), activation=True),
+    ComputeSpec("selu", ("float", "float"), "map", "gamma * (max(x, 0) + min(alpha * (e**x - 1), 0)).",
+                ("Selu",), scalar=param(1) * (maximum(X, 0.0) + minimum(param(0) * (exp(X) - 1.0), 0.0)),
+                activation=True),
+    ComputeSpec("softplus", (), "map", "log(1 + e**x), without overflow.", ("Softplus",),
+                scalar=SOFTPLUS, activation=True),
+    ComputeSpec("softsign", (), "map", "x / (1 + |x|), as (1 / (1 + |x|)) * x.", ("Softsign",),
+                scalar=recip(1.0 + absolute(X)) * X, activation=True),
+    ComputeSpec("mish", (), "map", "x * tanh(softplus(x)).", ("Mish",), scalar=X * tanh(SOFTPLUS),
+                activation=True),
+    # egg=: egglog 13.2 has f64 primitives `abs`, `floor` and `ceil` already
+    ComputeSpec("abs", (), "map", "|x|.", ("Abs",), scalar=absolute(X), egg="abs-op"),
+    ComputeSpec("reciprocal", (), "map", "1 / x.", ("Reciprocal",), scalar=recip(X)),
+    ComputeSpec("floor", (), "map", "Round toward -inf.", ("Floor",), scalar=floor(X), egg="floor-op"),
+    ComputeSpec("ceil", (), "map", "Round toward +inf.", ("Ceil",), scalar=ceil(X), egg="ceil-op"),
+    ComputeSpec("cos", (), "map", "Cosine.", ("Cos",), scalar=cos(X)),
+    ComputeSpec("sin", (), "map", "Sine.", ("Sin",), scalar=sin(X)),
+    # sign: x >= 0 -> 1 or 0; 0 >= x -> -1; neither (NaN) -> x
+    ComputeSpec("sign", (), "map", "-1, 0 or 1 by the sign of x; NaN stays NaN.", ("Sign",),
+                scalar=select(X >= 0.0, select(nz(X), ONE, ZERO), select(ZERO >= X, -1.0, X))),
+    ComputeSpec("logical-not", (), "map", "1 where x == 0, else 0.", ("Not",),
+                scalar=select(nz(X), ZERO, ONE)),
+    ComputeSpec("nonzero", (), "map", "1 where x != 0 (NaN included), else 0: a Cast to bool.",
+                ("Cast",), scalar=select(nz(X), ONE, ZERO)),
+    ComputeSpec("is-nan", (), "map", "1 where x is NaN (x >= x fails only for NaN), else 0.",
+                ("IsNaN",), scalar=select(X >= X, ZERO, ONE)),
+    ComputeSpec("prelu", (), "nary", "item[0] where item[0] >= 0, else item[1] * item[0] (slope).",
+                ("PRelu",), scalar=select(X0 >= 0.0, X0, X1 * X0), arity=2),
+    ComputeSpec("elementwise-max", (), "nary", "Maximum over the leading operand axis.", ("Max",),
+                scalar=maximum(X0, X1), arity=0),
+    ComputeSpec("elementwise-min", (), "nary", "Minimum over the leading operand axis.", ("Min",),
+                scalar=minimum(X0, X1), arity=0),
+    ComputeSpec("elementwise-mod", (), "nary", "item[0] mod item[1] with item[1]'s sign (Mod fmod=0).",
+                ("Mod",), scalar=_floor_mod(X0, X1), arity=2),
+    ComputeSpec("elementwise-fmod", (), "nary", "C's fmod: item[0]'s sign (Mod fmod=1).", ("Mod",),
+                scalar=fmod(X0, X1), arity=2),
+    ComputeSpec("equal", (), "nary", "1 where item[0] == item[1], else 0.", ("Equal",),
+                scalar=select(X0 >= X1, select(X1 >= X0, ONE, ZERO), ZERO), arity=2),
+    # a < b: not a >= b, and b >= a (so NaN is 0); equal: a >= b and b >= a
+    ComputeSpec("less", (), "nary", "1 where item[0] < item[1], else 0.", ("Less",),
+                scalar=select(X0 >= X1, ZERO, select(X1 >= X0, ONE, ZERO)), arity=2),
+    ComputeSpec("less-equal", (), "nary", "1 where item[0] <= item[1], else 0.", ("LessOrEqual",),
+                scalar=select(X1 >= X0, ONE, ZERO), arity=2),
+    ComputeSpec("greater", (), "nary", "1 where item[0] > item[1], else 0.", ("Greater",),
+                scalar=select(X1 >= X0, ZERO, select(X0 >= X1, ONE, ZERO)), arity=2),
+    ComputeSpec("greater-equal", (), "nary", "1 where item[0] >= item[1], else 0.", ("GreaterOrEqual",),
+                scalar=select(X0 >= X1, ONE, ZERO), arity=2),
+    ComputeSpec("logical-and", (), "nary", "1 where both are nonzero, else 0.", ("And",),
+                scalar=select(nz(X0), select(nz(X1), ONE, ZERO), ZERO), arity=2),
+    ComputeSpec("logical-or", (), "nary", "1 where either is nonzero, else 0.", ("Or",),
+                scalar=select(nz(X0), ONE, select(nz(X1), ONE, ZERO)), arity=2),
+    ComputeSpec("logical-xor", (), "nary", "1 where exactly one is nonzero, else 0.", ("Xor",),
+                scalar=select(nz(X0), select(nz(X1), ZERO, ONE), select(nz(X1), ONE, ZERO)), arity=2),
     ComputeSpec("chain", ("compute-op", "compute-op"), "chain",
                 "(chain F G): G applied to the result of F, item by item, as one element-wise "
                 "kernel: (compute (chain F G) x) = (compute G (compute F x)). F is element-wise "
@@ -153,6 +240,8 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
                 "kernel operator, produced only by the fusion rules", evaluate=sem.chain),
     ComputeSpec("leaky-relu", ("float",), "map", "x where x >= 0, else alpha * x.", ("LeakyRelu",),
                 scalar=select(X >= 0.0, X, param(0) * X), activation=True),
+    ComputeSpec("log", (), "map", "Natural logarithm.", ("Log", "ReduceLogSumExp", "ReduceLogSum"),
+                scalar=call("log", X), egg="log-op"),   # egglog has an f64 primitive `log`
 ]}
 
 # ---- derived sets: every other module reads these, none types them out again ------------------

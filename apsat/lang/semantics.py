@@ -279,9 +279,11 @@ def _sigmoid(x):
 # Each formula function in float32 numpy (formula.FUNCTIONS).
 NUMPY_FUNCTIONS = {
     "neg": np.negative, "sqrt": np.sqrt, "exp": np.exp, "erf": _erf, "tanh": np.tanh,
-    "sigmoid": _sigmoid, "abs": np.abs, "log": np.log, "recip": lambda x: np.float32(1) / x,
+    "sigmoid": _sigmoid, "abs": np.abs, "log": np.log, "log1p": np.log1p,
+    "recip": lambda x: np.float32(1) / x, "floor": np.floor, "ceil": np.ceil, "cos": np.cos,
+    "sin": np.sin,
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
-    "max": np.maximum, "min": np.minimum,
+    "max": np.maximum, "min": np.minimum, "fmod": np.fmod,
 }
 NUMPY = fm.Reading(
     const=np.float32,

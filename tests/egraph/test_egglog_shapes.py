@@ -11,7 +11,7 @@ import pytest
 import apsat
 from apsat.egraph.driver import egg_term
 from apsat.explore.egraph import EGraph
-from apsat.lang.ops import COMPUTE_OPS, OPS, UNARY_MAPS
+from apsat.lang.ops import COMPUTE_OPS, NARY_OPS, OPS, UNARY_MAPS
 from apsat.lang.syntax import parse_term
 from apsat.lang.term import Term, postorder
 from apsat.errors import ShapeError
@@ -63,7 +63,7 @@ PROGRAMS += [(f"(compute {op} {Q})", ((2,), ())) for op in ("reduce-sum", "reduc
 PROGRAMS += [(f"(compute {operator_head(op)} {Q})", ((2,), (3, 4)))   # every unary map, as registered
              for op in sorted(UNARY_MAPS | {"softmax"})]
 PROGRAMS += [(f"(compute {op} (access-pair {X} {Y}))", ((3,), (4,)))
-             for op in ("elementwise-sub", "elementwise-div", "elementwise-pow", "elementwise-mul")]
+             for op in sorted(o for o in NARY_OPS if COMPUTE_OPS[o].arity in (0, 2))]
 PROGRAMS += [  # fused atoms (fusion rules)
     (f"(fused-dot-bias {X} {Y} (access (access-tensor bias3) 1))", ((3, 3), ())),
     (f"(fused-dot-bias-act relu {X} {Y} (access (access-tensor bias3) 1))", ((3, 3), ())),

@@ -63,7 +63,9 @@ class CudaDialect(Dialect):
                  "min": "fminf({0}, {1})", "sqrt": "sqrtf({0})", "exp": "expf({0})",
                  "erf": "erff({0})", "tanh": "tanhf({0})",
                  "sigmoid": "(1.0f / (1.0f + expf(-({0}))))", "abs": "fabsf({0})",
-                 "log": "logf({0})", "recip": "(1.0f / {0})", "pow": "powf({0}, {1})"}
+                 "log": "logf({0})", "log1p": "log1pf({0})", "recip": "(1.0f / {0})",
+                 "floor": "floorf({0})", "ceil": "ceilf({0})", "cos": "cosf({0})",
+                 "sin": "sinf({0})", "pow": "powf({0}, {1})", "fmod": "fmodf({0}, {1})"}
         return table[fn].format(*a)
 
     def where(self, cond, a, b):

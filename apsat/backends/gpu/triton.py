@@ -66,10 +66,11 @@ class TritonDialect(Dialect):
                   "min": "tl.minimum({0}, {1})", "sqrt": "tl.sqrt_rn({0})", "exp": "tl.exp({0})",
                   "erf": "tl.math.erf({0})", "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))",
                   "abs": "tl.abs({0})",
-                  "log": "tl.log({0})", "recip": "(1.0 / {0})"}
+                  "log": "tl.log({0})", "recip": "(1.0 / {0})", "floor": "tl.floor({0})",
+                  "ceil": "tl.ceil({0})", "cos": "tl.cos({0})", "sin": "tl.sin({0})"}
         if fn in simple:
             return simple[fn].format(*a)
-        self.helpers.add(fn)       # tanh and pow: not in the interpreter's tl.math
+        self.helpers.add(fn)       # tanh, log1p, fmod, pow: not in the interpreter's tl.math
         return f"_{fn}({', '.join(a)})"
 
     def where(self, cond, a, b):
@@ -99,6 +100,27 @@ def _tanh(x):
     t = tl.exp(-2.0 * tl.abs(x))
     y = (1.0 - t) / (1.0 + t)
     return tl.where(x < 0, -y, y)
+''',
+    "log1p": '''@triton.jit
+def _log1p(x):
+    # log(1 + x) = log(u) * x / (u - 1) for u = 1 + x rounded (the rounding of u cancels);
+    # x itself where u - 1 is 0 (|x| below half an ulp of 1), u where u is infinite
+    u = 1.0 + x
+    d = u - 1.0
+    r = tl.where(u == float("inf"), u, tl.log(u) * (x / tl.where(d == 0.0, 1.0, d)))
+    return tl.where(d == 0.0, x, r)
+''',
+    "fmod": '''@triton.jit
+def _fmod(a, b):
+    # C's fmodf. Float % is LLVM's frem, which NVPTX computes as a - trunc(a / b) * b: a
+    # quotient rounded to the next integer leaves r outside fmodf's range (a's sign,
+    # |r| < |b|), so step it back by |b|: exact while |a / b| < 2**23 (nothing to do under
+    # the interpreter, whose % is np.fmod)
+    # (nested wheres, not &: the interpreter cannot & a scalar condition with a block)
+    r = a % b
+    m = tl.abs(b)
+    r = tl.where(a >= 0.0, tl.where(r < 0.0, r + m, r), tl.where(r > 0.0, r - m, r))
+    return tl.where(tl.abs(r) >= m, tl.where(a < 0.0, r + m, r - m), r)
 ''',
     "powc": '''@triton.jit
 def _powc(a, b: tl.constexpr, INTEGRAL: tl.constexpr, ODD: tl.constexpr):
