@@ -330,10 +330,16 @@ def render_ix(x: Ix, floordiv: str) -> str:
         return f"({text})"
     if op == "mul":
         return f"{_atom(x.args[0], floordiv)} * {x.args[1]}"
-    if op == "div":
-        return f"({_atom(x.args[0], floordiv)} {floordiv} {x.args[1]})"
-    if op == "mod":
-        return f"({_atom(x.args[0], floordiv)} % {x.args[1]})"
+    if op in ("div", "mod"):
+        a, d = x.args
+        # Both dialects' `//`/`/` and `%` round toward zero; the simplifier means floor. A
+        # dividend that can be negative (pad offsets folded into a reshape's division) is
+        # shifted by a multiple of d that makes it non-negative, where the two agree.
+        shift = -(a.lo // d) * d if a.lo < 0 else 0
+        text = f"({render_ix(a, floordiv)} + {shift})" if shift else _atom(a, floordiv)
+        if op == "mod":
+            return f"({text} % {d})"
+        return f"({text} {floordiv} {d} - {shift // d})" if shift else f"({text} {floordiv} {d})"
     raise AssertionError(op)
 
 
