@@ -277,7 +277,10 @@ def _reduce(k: Kernel):
         de = TritonDialect(store_mask)      # per-row results: loads masked by the row
         de.helpers = d.helpers
         el, te = emit(de, {"out": k.values["out"]}, syms, "ve")
-        return el + [f"tl.store(out_ptr + {d.ix(k.store)}, {te['out']}, mask={store_mask})"]
+        # a reduction to one value stores at a constant offset: `+ rr * 0` keeps the
+        # pointer a block of the value's shape, which tl.store requires
+        where = d.ix(k.store) + (" + rr * 0" if not k.store.deps() else "")
+        return el + [f"tl.store(out_ptr + {where}, {te['out']}, mask={store_mask})"]
 
     op = k.op
     if op in ("sum", "mean", "max"):

@@ -31,6 +31,12 @@ def test_model_matches_onnxruntime(builder, triton_run):
     _check(apsat.load_onnx(getattr(models, builder)()), triton_run)
 
 
+@pytest.mark.parametrize("op, keepdims", [("ReduceSum", 0), ("ReduceMax", 1), ("ReduceMean", 0)])
+def test_reduction_to_one_value(op, keepdims, triton_run):
+    """Every axis reduced: the kernel stores one value at a constant offset."""
+    _check(models.single_op(op, [(3, 4)], {"keepdims": keepdims}, opset=18), triton_run)
+
+
 @pytest.mark.parametrize("ops", [("Add", "Relu", "Sigmoid"), ("Mul", "Tanh")], ids=["add-relu-sigmoid", "mul-tanh"])
 def test_elementwise_run_is_one_chain_kernel_matching_onnxruntime(ops, triton_run):
     """fusion/chain leaves one `compute (chain ...)`; its one element-wise Triton kernel
