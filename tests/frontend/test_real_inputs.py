@@ -201,3 +201,18 @@ def test_op_without_lowering_on_weight_derived_terms_folds():
     assert not model.opaque_ops()
     x = np.ones((4, 4), np.float32)
     np.testing.assert_array_equal(model.run({"x": x})["y"], ort_run(m, {"x": x})["y"])
+
+
+# The ONNX ops real zoos use that the language expresses: each must have a lowering (an
+# element-wise kernel or a composition), never an opaque host call.
+EXPRESSIBLE = ["HardSwish", "HardSigmoid", "LeakyRelu", "Elu", "Selu", "Softplus", "Mish", "PRelu",
+               "Neg", "Abs", "Log", "Reciprocal", "Min", "Max", "Mod", "Equal", "Less", "Greater",
+               "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Where", "Cos", "Sin", "ReduceMax",
+               "ReduceMin", "ReduceSum", "ReduceProd", "ReduceL2", "ArgMax", "InstanceNormalization",
+               "GroupNormalization", "ConvTranspose", "Resize", "IsNaN", "Cast"]
+
+
+def test_every_expressible_op_has_a_lowering():
+    from apsat.frontend.lowering import LOWERINGS
+
+    assert not [op for op in EXPRESSIBLE if op not in LOWERINGS]
