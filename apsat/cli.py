@@ -85,7 +85,7 @@ def _optimize_one(source, name: str, args, progress, task, randomize=False) -> d
                        progress=lambda phase: progress.update(task, description=f"{name}: {phase}"))
         res.report["model"] = name
         for notice in res.report.get("notices", []):
-            progress.console.print(f"apsat: {name}: note: {notice}", markup=False, highlight=False)
+            progress.console.print(f"apsat: {name}: note: {notice}", markup=False, highlight=False, soft_wrap=True)
         res.write(out_dir, compile_kernels=args.compile_kernels)
         return res.report
     except ApsatError as exc:
