@@ -6,12 +6,12 @@ interpreter (rtol and atol 1e-5), the systolic simulator and the Triton kernels 
 from __future__ import annotations
 
 import models
+from oracles import assert_program_equals
 import numpy as np
 import pytest
 from onnx import helper
 
 import apsat
-from apsat.lang.evaluate import evaluate
 from apsat.pipeline.zoo import ort_run, random_inputs
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -63,14 +63,7 @@ def test_importer_lowers_leaky_relu_with_its_alpha(alpha, want):
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_optimized_program_equals_onnxruntime(name, target):
     res, inputs, want = _optimize(name, target)
-    tensors = {**res.model.weights, **inputs}
-    np.testing.assert_allclose(evaluate(res.program, tensors), want, **TOL)
-    if target.startswith("systolic"):      # and the compiled instruction stream, simulated
-        from apsat.backends import systolic
-
-        stream = systolic.compile(res.program, target, weights=res.model.weights)
-        assert not systolic.cycles(stream)["host_steps"]
-        np.testing.assert_allclose(systolic.simulate(stream, tensors)["y"], want, **TOL)
+    assert_program_equals(res, {**res.model.weights, **inputs}, want, target, **TOL)
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 
 import models
+from oracles import assert_program_equals
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -389,14 +390,7 @@ def _optimized(family: str, target: str):
 def test_optimized_family_equals_onnxruntime(family, target):
     res, inputs, want = _optimized(family, target)
     assert "opaque" not in constructs(res.program)
-    tensors = {**res.model.weights, **inputs}
-    np.testing.assert_allclose(evaluate(res.program, tensors), want, **TOL)
-    if target.startswith("systolic"):      # and the compiled instruction stream, simulated
-        from apsat.backends import systolic
-
-        stream = systolic.compile(res.program, target, weights=res.model.weights)
-        assert not systolic.cycles(stream)["host_steps"]
-        np.testing.assert_allclose(systolic.simulate(stream, tensors)["y"], want, **TOL)
+    assert_program_equals(res, {**res.model.weights, **inputs}, want, target, **TOL)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
