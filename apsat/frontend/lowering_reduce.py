@@ -4,7 +4,7 @@ terms, Unlowerable): lowering_tensor.py.
 
 A reduction moves its reduced axes last (transpose), accesses them as the item and reduces
 the item; keepdims reshapes the 1s back in. The other Reduce ops wrap that in element-wise
-maps: ReduceMin = -max(-x), ReduceL1 = sum |x| (|x| as relu(x) + relu(-x), exact),
+maps: ReduceMin = -max(-x), ReduceL1 = sum |x|,
 ReduceSumSquare = sum x*x, ReduceL2 = sqrt(sum x*x), ReduceLogSum = log(sum x),
 ReduceLogSumExp = log(sum exp(x - m)) + m with m the max (onnxruntime's stable form),
 ReduceProd = elementwise-mul over the reduced elements as the item's operand axis. With
@@ -48,9 +48,7 @@ def node_axes(ctx, since: int) -> list:
 
 
 def _abs(b, x):
-    """|x| as relu(x) + relu(-x): one of the two is 0, so the sum is exact."""
-    return b.elementwise("elementwise-add", [b.compute("relu", x),
-                                             b.compute("relu", b.compute("negative", x))])
+    return b.compute("abs", x)
 
 
 def _square(b, x):

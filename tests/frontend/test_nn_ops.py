@@ -103,7 +103,7 @@ AXES_VARIANTS = {
 REDUCE_OPS = {
     "ReduceMax": ["compute reduce-max"], "ReduceSum": ["compute reduce-sum"],
     "ReduceMean": ["compute reduce-mean"], "ReduceMin": ["compute reduce-max", "compute negative"],
-    "ReduceL1": ["compute reduce-sum", "compute relu"], "ReduceL2": ["compute reduce-sum", "compute sqrt"],
+    "ReduceL1": ["compute reduce-sum", "compute abs"], "ReduceL2": ["compute reduce-sum", "compute sqrt"],
     "ReduceSumSquare": ["compute reduce-sum", "compute elementwise-mul"],
     "ReduceLogSumExp": ["compute reduce-sum", "compute reduce-max", "compute exp", "compute log"],
     "ReduceLogSum": ["compute reduce-sum", "compute log"], "ReduceProd": ["compute elementwise-mul"],
