@@ -22,7 +22,8 @@ is the registry's own (each ComputeSpec's `evaluate`, apsat/lang/semantics.py).
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -37,7 +38,12 @@ __all__ = ["evaluate", "EVALUATORS", "COMPUTE_EVALUATORS", "EvaluationError"]
 
 OPAQUE_IR_VERSION = 10      # onnxruntime 1.31 refuses models newer than IR 13
 DEFAULT_OPSETS = (("", 21),)
-_SESSIONS: dict[bytes, tuple] = {}   # opaque-call key -> (InferenceSession, input names, output)
+# opaque-call key -> (InferenceSession, input names, output), least recently used first:
+# a long-lived process meets ever new opaque nodes (every model has its own constants), and
+# each session holds its model and buffers, so only the MAX_SESSIONS last used are kept
+MAX_SESSIONS = 64
+_SESSIONS: OrderedDict[bytes, tuple] = OrderedDict()
+_SESSIONS_LOCK = threading.Lock()
 COMPUTE_EVALUATORS = {name: spec.evaluate for name, spec in COMPUTE_OPS.items()}
 
 
@@ -242,22 +248,29 @@ def _opaque_model(key: str, node: OpaqueNode):
 
 
 def _opaque_session(key: str, node: OpaqueNode):
-    """(session, argument input names, output name), built once per distinct node."""
+    """(session, argument input names, output name), built once per distinct node while
+    it stays among the MAX_SESSIONS most recently used."""
     cache_key = _opaque_key(node)
-    if cache_key not in _SESSIONS:
-        import onnxruntime as ort
+    with _SESSIONS_LOCK:
+        if cache_key in _SESSIONS:
+            _SESSIONS.move_to_end(cache_key)
+            return _SESSIONS[cache_key]
+    import onnxruntime as ort
 
-        model, names, out = _opaque_model(key, node)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3      # errors only; they are re-raised below anyway
-        try:
-            sess = ort.InferenceSession(model.SerializeToString(), options,
-                                        providers=["CPUExecutionProvider"])
-        except Exception as e:  # onnxruntime raises its own exception types
-            raise EvaluationError(f"opaque {key!r}: onnxruntime cannot load the node: "
-                                  f"{str(e).splitlines()[0]}") from None
+    model, names, out = _opaque_model(key, node)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3      # errors only; they are re-raised below anyway
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise EvaluationError(f"opaque {key!r}: onnxruntime cannot load the node: "
+                              f"{str(e).splitlines()[0]}") from None
+    with _SESSIONS_LOCK:
         _SESSIONS[cache_key] = (sess, names, out)
-    return _SESSIONS[cache_key]
+        while len(_SESSIONS) > MAX_SESSIONS:
+            _SESSIONS.popitem(last=False)
+    return sess, names, out
 
 
 def _opaque(ev, term, vals):

@@ -7,9 +7,11 @@
 Modules: expr (index/value expressions), views (access patterns as indexing), graph (the
 kernel graph's data), regions (matmul and reduction kernels), lower (program -> kernel
 graph), tiling (tile search on the roofline), emit (shared statement emission), triton
-(Triton sources, AOT compile), cuda (CUDA C sources, nvcc), runner (the generated runner
-module, and run_kernels, which writes and runs it), host (host steps), write
-(write_kernels and its figures), backend (the gpu target's Backend).
+(Triton sources), aot (Triton's ahead-of-time compile, from a private directory), cuda
+(CUDA C sources, nvcc), runner (the generated runner module, and run_kernels, which
+writes it into the per-user cache and runs it), files (that cache: per-user, 0700,
+bounded), host (host steps, stored as program text, never pickled), write (write_kernels
+and its figures), backend (the gpu target's Backend).
 
 Nothing here imports torch or triton at module level: the core installs and runs without
 them, and only running or compiling kernels needs them.

@@ -1,4 +1,5 @@
-"""Triton code generation for the kernel graph, ahead-of-time compilation, and `run`.
+"""Triton code generation for the kernel graph (compiled ahead of time by
+apsat/backends/gpu/aot.py, run by the generated runner).
 
 Each kernel becomes one Python file holding one `@triton.jit` function. Every size and
 stride is a compile-time constant (the loop bounds and tile sizes are `tl.constexpr`
@@ -13,15 +14,15 @@ tf32), square roots `sqrt_rn`, and element-wise arithmetic is not contracted int
 graph's value for the element, stored where the graph says (through the inverse of the
 consumer's view path).
 
-`run(program, inputs)` lowers, writes the kernels and a runner module into a cache folder
-(apsat/backends/gpu/runner.py writes it), and launches them on torch tensors: on the GPU
-when torch sees one, else under the Triton interpreter (TRITON_INTERPRET=1, set here when
-no GPU is present), which is how the tests check every kernel on a CPU.
+`run(program, inputs)` lowers, writes the kernels and a runner module into a private cache
+folder (apsat/backends/gpu/runner.py writes it), and launches them on torch tensors: on the
+GPU when torch sees one, else under the Triton interpreter (the runner rebinds each kernel
+module's @triton.jit functions as interpreter functions; no environment variable is set),
+which is how the tests check every kernel on a CPU.
 """
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -84,7 +85,7 @@ class TritonDialect(Dialect):
 # functions of triton.language.standard (tl.zeros, tl.sum, tl.max, tl.sigmoid): those are compiled
 # or interpreted depending on TRITON_INTERPRET when triton is first imported, and a kernel
 # interpreted on the CPU cannot call a compiled one; the helpers live in the kernel's own
-# file, loaded after the runner sets TRITON_INTERPRET.
+# file, whose @triton.jit functions the runner rebinds as interpreter functions on the CPU.
 HELPERS = {
     "sum": '''@triton.jit
 def _add(a, b):
@@ -313,73 +314,3 @@ def _reduce(k: Kernel):
     else:
         raise AssertionError(op)
     return lines, {"ROWS": rows, "COLS": cols, "BR": br, "BC": bc}, (_cdiv(rows, br),), d
-
-
-# ---- ahead-of-time compilation (no GPU needed) ---------------------------------------------
-
-def aot_compile(path, capability: int = 90) -> dict:
-    """Compile the kernel file at `path` for GPUTarget("cuda", capability, 32) without a
-    GPU. Returns {"cubin": bytes, "ptx": str, "shared_bytes", "registers", "spills",
-    "num_warps"} (registers and spills from the cubin's resource usage, via the cuobjdump
-    Triton ships; None where it is missing), or {"error": one line} when compilation
-    fails."""
-    import importlib.util
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"        # a JITFunction, not the interpreter's
-    try:
-        spec = importlib.util.spec_from_file_location(f"_apsat_aot_{abs(hash(str(path)))}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        src = ASTSource(mod.KERNEL, signature=mod.SIGNATURE,
-                        constexprs={k: v for k, v in mod.CONSTEXPRS.items()})
-        compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                                  options={"num_warps": mod.NUM_WARPS, "enable_fp_fusion": False})
-    except Exception as e:  # noqa: BLE001 -- a compiler error is a figure for the report, not a crash
-        return {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"}
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-    cubin = compiled.asm.get("cubin")
-    usage = resource_usage(cubin) if cubin else {}
-    return {"cubin": cubin, "ptx": compiled.asm.get("ptx"), "num_warps": mod.NUM_WARPS,
-            "shared_bytes": int(compiled.metadata.shared) + int(usage.get("static_shared", 0) or 0),
-            "registers": usage.get("registers"), "spills": usage.get("local")}
-
-
-def resource_usage(cubin: bytes) -> dict:
-    """Registers, static shared memory and local memory (spills) of the first function in
-    a cubin, from `cuobjdump --dump-resource-usage` (Triton's bundled copy or one on PATH);
-    {} when no cuobjdump is available."""
-    import re
-    import shutil
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    tool = None
-    try:
-        import triton
-
-        cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        tool = str(cand) if cand.exists() else None
-    except ImportError:
-        pass
-    tool = tool or shutil.which("cuobjdump")
-    if tool is None:
-        return {}
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        res = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                             check=False)
-    m = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", res.stdout)
-    if not m:
-        return {}
-    return {"registers": int(m.group(1)), "static_shared": int(m.group(2)), "local": int(m.group(3))}

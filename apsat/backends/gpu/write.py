@@ -7,8 +7,12 @@ the figures a report shows for each.
     DIR/kernels/<k>.cubin       nvcc -arch=sm_90 -cubin (when nvcc is on PATH)
     DIR/kernels/<k>.triton.cubin  triton.compile for GPUTarget("cuda", 90, 32) (when triton
                                   is installed; no GPU needed)
-    DIR/host_steps.pkl          the host steps' programs (when there are any)
+    DIR/host_steps.json         the host steps' programs, as data (when there are any)
     DIR/kernels.json            what write_kernels returns
+
+DIR is the caller's folder: apsat writes there but does not import from it. The Triton
+compiler runs on the sources as generated, from a private temporary folder (aot.py), so a
+file someone else changed in DIR is never run.
 
 Compilation failures do not raise: they are recorded per kernel ("error"), so a report
 can show them; tests assert on them.
@@ -64,10 +68,10 @@ def write_kernels(program, directory, *, tiles: dict | None = None, compile=True
     graph = graph or lower(program, tiles)
     directory = Path(directory)
     (directory / "kernels").mkdir(parents=True, exist_ok=True)
-    _write_sources(graph, directory)
+    texts = _write_sources(graph, directory)
     tools = {"cuda", "triton"} if compile is True else set(compile or ())
     figures = kernel_figures(graph)
-    notes = _compile_kernels(figures["kernels"], directory, tools)
+    notes = _compile_kernels(figures["kernels"], directory, tools, texts)
     report = {"directory": str(directory), "runner": str(directory / "runner.py"), **figures,
               "tools": {"nvcc": _nvcc(), "triton": _triton_version(), "notes": notes}}
     (directory / "kernels.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
@@ -80,15 +84,17 @@ def _nvcc():
     return cuda.nvcc_path()
 
 
-def _write_sources(graph: KernelGraph, directory: Path) -> None:
-    """The runner, the Triton sources and the CUDA C sources, as files under `directory`."""
+def _write_sources(graph: KernelGraph, directory: Path) -> dict[str, str]:
+    """The runner, the Triton sources and the CUDA C sources, as files under `directory`;
+    returns relative path -> text of what was written."""
     from apsat.backends.gpu import cuda
     from apsat.backends.gpu.runner import sources
 
-    for rel, content in sources(graph).items():
-        (directory / rel).write_bytes(content if isinstance(content, bytes) else content.encode())
-    for k in graph.kernels:
-        (directory / "kernels" / f"{k.name}.cu").write_text(cuda.kernel_source(k)[0])
+    texts = sources(graph)
+    texts.update({f"kernels/{k.name}.cu": cuda.kernel_source(k)[0] for k in graph.kernels})
+    for rel, text in texts.items():
+        (directory / rel).write_text(text)
+    return texts
 
 
 def kernel_figures(graph: KernelGraph) -> dict:
@@ -123,28 +129,28 @@ def kernel_figures(graph: KernelGraph) -> dict:
     return {"kernels": rows, "host_steps": host, "totals": totals}
 
 
-def _compile_kernels(rows: list[dict], directory: Path, tools: set) -> list[str]:
-    """Compile the written sources with the `tools` present, filling each row's "cuda" and
-    "triton" figures; returns notes on what could not be compiled and why."""
+def _compile_kernels(rows: list[dict], directory: Path, tools: set, texts: dict) -> list[str]:
+    """Compile the sources (`texts`, as written under `directory`) with the `tools`
+    present, filling each row's "cuda" and "triton" figures; returns notes on what could
+    not be compiled and why."""
     notes = []
     if "cuda" in tools:
         if _nvcc() is None:
             notes.append("nvcc not found: CUDA sources written, not compiled")
         else:
-            _compile_cuda(rows, directory)
+            _compile_cuda(rows, directory, texts)
     if "triton" in tools:
         if _triton_version() is None:
             notes.append("triton not installed: Triton sources written, not compiled ahead of time")
         else:
-            _compile_triton(rows, directory)
+            _compile_triton(rows, directory, texts)
     return notes
 
 
-def _compile_cuda(rows: list[dict], directory: Path) -> None:
+def _compile_cuda(rows: list[dict], directory: Path, texts: dict) -> None:
     from apsat.backends.gpu import cuda
 
-    jobs = {r["name"]: ((directory / r["cuda"]["source"]).read_text(), directory / r["cuda"]["source"])
-            for r in rows}
+    jobs = {r["name"]: (texts[r["cuda"]["source"]], directory / r["cuda"]["source"]) for r in rows}
     # nvcc runs as a subprocess: compile in parallel, one job per core
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
         done = dict(zip(jobs, pool.map(lambda job: cuda.compile_cuda(*job), jobs.values())))
@@ -156,11 +162,11 @@ def _compile_cuda(rows: list[dict], directory: Path) -> None:
                             "error": None if res["ok"] else res["log"][-2000:]})
 
 
-def _compile_triton(rows: list[dict], directory: Path) -> None:
-    from apsat.backends.gpu.triton import aot_compile
+def _compile_triton(rows: list[dict], directory: Path, texts: dict) -> None:
+    from apsat.backends.gpu.aot import aot_compile_source
 
     for row in rows:
-        res = aot_compile(directory / row["triton"]["source"])
+        res = aot_compile_source(texts[row["triton"]["source"]], row["name"])
         if "error" in res:
             row["triton"]["error"] = res["error"]
             continue

@@ -62,7 +62,8 @@ def test_generation_bug_fails(bug, tmp_path):
 @pytest.mark.parametrize("case", ["gemm-residual", "softmax-long-rows"])
 def test_triton_kernels_compile_ahead_of_time(case, tmp_path):
     pytest.importorskip("triton", reason="AOT compilation needs triton (pip install apsat[gpu])")
-    from apsat.backends.gpu.triton import aot_compile, kernel_source
+    from apsat.backends.gpu.aot import aot_compile
+    from apsat.backends.gpu.triton import kernel_source
 
     (k,) = _kernels(case)
     path = tmp_path / f"{k.name}.py"
