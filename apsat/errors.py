@@ -27,3 +27,20 @@ class EGraphError(ApsatError):
 
 class VerificationError(ApsatError):
     """An optimised program whose numbers differ from the oracle beyond tolerance."""
+
+
+class UsageError(ApsatError, ValueError):
+    """A public function given an argument it cannot take: an unknown method or cost-model
+    name, a multi-output program where one output is meant. Also a ValueError, as these
+    were before they were ApsatErrors."""
+
+
+class ExtractionError(ApsatError, ValueError):
+    """Extraction that cannot give a program: an e-graph file that is not extraction-gym
+    JSON, a root e-class with no acyclic program (a missing child class, or a cycle), an
+    unknown extractor or cost model. Also a ValueError, as it was before."""
+
+
+class UnsoundRuleError(ApsatError):
+    """A user rule that made a program differ from the original on the model at hand;
+    the message names the rule (`file:line`), the e-class and the error."""

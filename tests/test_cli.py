@@ -13,7 +13,7 @@ SQUEEZENET = next(p for p in light_model_paths() if "squeezenet" in p.name)
 def test_optimize_writes_report_and_program(tmp_path, capsys):
     model = tmp_path / "squeezenet.onnx"
     onnx.save(randomize_weights(onnx.load(str(SQUEEZENET)), seed=3), str(model))
-    rc = main(["optimize", str(model), "--out", str(tmp_path / "out"), "--verify", "--no-compile"])
+    rc = main(["optimize", str(model), "--out", str(tmp_path / "out"), "--no-compile"])
     assert rc == 0
     report = json.loads((tmp_path / "out" / "squeezenet" / "report.json").read_text())
     kernels = report["gpu_kernels"]["kernels"]
@@ -96,7 +96,7 @@ def test_optimize_gpu_compiles_kernels_for_sm90(tmp_path):
         pytest.skip("nvcc is not installed: kernels are written as sources only")
     model = tmp_path / "relu.onnx"
     onnx.save(single_op("Relu", [(4, 37)]), str(model))
-    assert main(["optimize", str(model), "--out", str(tmp_path / "out")]) == 0
+    assert main(["optimize", str(model), "--out", str(tmp_path / "out"), "--compile"]) == 0
     report = json.loads((tmp_path / "out" / "relu" / "report.json").read_text())
     (kernel,) = report["gpu_kernels"]["kernels"]
     assert kernel["cuda"]["error"] is None and kernel["cuda"]["registers"] > 0
@@ -104,7 +104,7 @@ def test_optimize_gpu_compiles_kernels_for_sm90(tmp_path):
 
 
 def test_a_simulator_mismatch_fails_the_run_like_a_verification_mismatch():
-    from apsat.cli import _failed
+    from apsat.cli import failed as _failed
 
     ok = {"ok": True}
     assert not _failed({"verification": ok, "systolic": {"simulation": ok}})
@@ -117,7 +117,7 @@ def test_optimize_with_systolic_lowering_options(tmp_path):
     # Conv -> BatchNorm -> ReLU lowered with every option: the report records them and
     # the simulator still equals onnxruntime
     rc = main(["optimize", _small_model(tmp_path), "--target", "systolic:32x32", "--lowering", "gather,fold,zips",
-               "--out", str(tmp_path / "out"), "--verify"])
+               "--out", str(tmp_path / "out")])
     assert rc == 0
     report = json.loads((tmp_path / "out" / "cbr" / "report.json").read_text())
     assert report["systolic"]["lowering"] == {"im2col": "gather", "fold_copies": True, "fuse_zips": True}
@@ -148,7 +148,7 @@ def test_lowering_options_for_a_gpu_target_are_a_one_line_error(tmp_path, capsys
 
 
 def test_a_failed_gpu_kernel_run_fails_the_run_and_a_skipped_one_does_not():
-    from apsat.cli import _failed
+    from apsat.cli import failed as _failed
 
     ok = {"ok": True}
     assert _failed({"verification": ok, "gpu_kernels": {"run": {"ok": False}}})

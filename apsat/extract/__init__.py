@@ -14,8 +14,9 @@ from __future__ import annotations
 import inspect
 import time
 
+from apsat.errors import ExtractionError
 from apsat.lang.program import Program
-from apsat.extract.check import check_extraction, dag_cost
+from apsat.extract.check import check_extraction, check_roots, dag_cost
 from apsat.extract.cost import cost_model
 from apsat.extract.decode import decode_classes, language_graph
 from apsat.extract.greedy_dag import extract_greedy_dag
@@ -28,11 +29,19 @@ EXTRACTORS = {"tree": extract_tree, "greedy-dag": extract_greedy_dag, "ilp": ext
 def run_extractor(method: str, graph, roots, node_cost=None, time_limit: float | None = None):
     """Run EXTRACTORS[method]; `time_limit` (seconds) reaches extractors that take one and
     is ignored by the others. Returns the extractor's choice (a dict; for "ilp" an
-    ExtractionResult with `.optimal`, `.gap`, `.bound`, `.stats`)."""
-    fn = EXTRACTORS[method]
+    ExtractionResult with `.optimal`, `.gap`, `.bound`, `.stats`); a root with no program
+    is left out of it (check_roots says why). ExtractionError for an unknown method."""
+    fn = _extractor(method)
     if time_limit is not None and "time_limit" in inspect.signature(fn).parameters:
         return fn(graph, roots, node_cost, time_limit=time_limit)
     return fn(graph, roots, node_cost)
+
+
+def _extractor(method: str):
+    """EXTRACTORS[method]; ExtractionError naming the known ones otherwise."""
+    if method not in EXTRACTORS:
+        raise ExtractionError(f"unknown extraction method {method!r}; known: {', '.join(EXTRACTORS)}")
+    return EXTRACTORS[method]
 
 
 def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float | None = None) -> Program:
@@ -41,10 +50,13 @@ def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float |
     object, or None for the e-graph's target's own model: "gpu" or "systolic").
     The Program carries `.cost` (its DAG cost: shared classes paid once) and
     `.extraction` (method, cost model, seconds, tree-vs-DAG figures; with "ilp" also
-    `optimal` and `gap`). `time_limit` (seconds) bounds extractors that take one (ilp)."""
-    if method not in EXTRACTORS:
-        raise ValueError(f"unknown extraction method {method!r}; known: {', '.join(EXTRACTORS)}")
+    `optimal` and `gap`). `time_limit` (seconds) bounds extractors that take one (ilp).
+    ExtractionError (an ApsatError and a ValueError) for an unknown method or cost model, no
+    root, or a root with no acyclic program; EGraphError for a handle of another e-graph."""
+    _extractor(method)
     outputs = root if isinstance(root, dict) else {"out": root}
+    if not outputs:
+        raise ExtractionError("extract: no root e-class given (an empty dict of outputs)")
     start = time.perf_counter()
     graph = language_graph(eg.serialize())   # class shapes included: egglog's, exported
     graph.weights = frozenset(eg.weights)
@@ -52,9 +64,7 @@ def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float |
     model = cost_model(cost, eg.target)
     node_cost = model.node_cost(graph)
     choice = run_extractor(method, graph, roots, node_cost, time_limit)
-    missing = [r for r in roots if r not in choice]
-    if missing:
-        raise ValueError(f"extract: no finite-cost program for e-class {missing[0]}")
+    check_roots(graph, choice, roots)
     used = check_extraction(graph, choice, roots)
     terms = decode_classes(graph, choice, roots)
     seconds = time.perf_counter() - start

@@ -1,11 +1,14 @@
-"""Checks every extraction result must pass, whatever extractor produced it."""
+"""Checks every extraction result must pass, whatever extractor produced it, and why a
+root has no program at all (`check_roots`)."""
 from __future__ import annotations
 
+from apsat.errors import ExtractionError
 from apsat.extract.graph import ExtractionGraph
 
 
-class InvalidExtraction(AssertionError):
-    """An extraction that is not a program: a missing class, a foreign node, or a cycle."""
+class InvalidExtraction(ExtractionError):
+    """An extraction that is not a program: a missing class, a foreign node, or a cycle.
+    An ApsatError (and a ValueError): a choice read from a file can be any of these."""
 
 
 def reachable(graph: ExtractionGraph, choice: dict[str, str], roots) -> list[str]:
@@ -70,3 +73,41 @@ def check_extraction(graph: ExtractionGraph, choice: dict[str, str], roots) -> l
     used = reachable(graph, choice, roots)
     check_acyclic(graph, choice, roots)
     return used
+
+
+def check_roots(graph: ExtractionGraph, choice, roots) -> None:
+    """ExtractionError (one line, naming the class) when a root in `roots` has no chosen
+    node: either some node it needs refers to an e-class with no node (a dangling child)
+    or every way down from it comes back to a class on the way (a cycle)."""
+    for root in roots:
+        if root not in choice:
+            raise ExtractionError(f"no program for root e-class {root!r}: {_why_no_program(graph, root)}")
+
+
+def _why_no_program(graph: ExtractionGraph, root: str) -> str:
+    """The reason `root` has no finite program: a dangling child class it reaches, else
+    cycles. Classes with a finite program are found by a worklist from the leaves."""
+    parents, done = graph.parents(), set()
+    waiting = {nid: set(kids) for nid, kids in graph.node_classes.items()}
+    ready = [nid for nid, kids in waiting.items() if not kids]
+    while ready:
+        c = graph.nodes[ready.pop()]["eclass"]
+        if c in done:
+            continue
+        done.add(c)
+        for nid in parents.get(c, ()):
+            waiting[nid].discard(c)
+            if not waiting[nid]:
+                ready.append(nid)
+    if root not in graph.classes:
+        return "the e-graph has no node in it"
+    seen, stack = {root}, [root]
+    while stack:
+        for nid in graph.classes.get(stack.pop(), ()):
+            for k in graph.node_classes[nid]:
+                if k not in graph.classes:
+                    return f"node {nid!r} needs e-class {k!r}, which has no node"
+                if k not in seen and k not in done:
+                    seen.add(k)
+                    stack.append(k)
+    return "every node it can use depends on itself through a cycle"

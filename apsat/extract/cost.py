@@ -11,6 +11,7 @@ Where context enters a cost is listed in workload.py's module doc.
 """
 from __future__ import annotations
 
+from apsat.errors import ExtractionError
 from apsat.lang.ops import OPS
 from apsat.extract.cost_gpu import GpuRoofline
 from apsat.extract.cost_systolic import SystolicCycles
@@ -33,13 +34,14 @@ COST_MODELS = {"nodes": NodeCount, "gpu": GpuRoofline, "systolic": SystolicCycle
 def cost_model(name_or_model, target=None):
     """A cost model object: `name_or_model` itself when it has `node_cost`, else the model
     registered under that name in COST_MODELS; None picks the target's own model ("gpu"
-    or "systolic", with the target's accelerator). ValueError for an unknown name."""
+    or "systolic", with the target's accelerator). ExtractionError (a ValueError)
+    for an unknown name."""
     if hasattr(name_or_model, "node_cost"):
         return name_or_model
     if name_or_model is None:
         name_or_model = target.kind if target is not None else "nodes"
     if name_or_model not in COST_MODELS:
-        raise ValueError(f"unknown cost model {name_or_model!r}; known: {', '.join(COST_MODELS)}")
+        raise ExtractionError(f"unknown cost model {name_or_model!r}; known: {', '.join(COST_MODELS)}")
     if name_or_model == "systolic" and target is not None and target.kind == "systolic":
         return SystolicCycles.for_target(target)
     return COST_MODELS[name_or_model]()

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from apsat.errors import ExtractionError
 from apsat.extract.shapes import read_shapes
 
 
@@ -43,12 +44,15 @@ class ExtractionGraph:
     def from_json(cls, data, extractable=None) -> "ExtractionGraph":
         """Build from a parsed JSON dict (or a path / JSON text). `extractable(node_id, node)`
         decides which nodes may be chosen (default: all). Children that point at filtered
-        nodes' classes still resolve, through the class of the child node. ValueError (one
-        line) for data that is not shaped like extraction-gym JSON."""
-        if isinstance(data, (str, Path)) and Path(str(data)).exists():
-            data = json.loads(Path(data).read_text())
-        elif isinstance(data, str):
-            data = json.loads(data)
+        nodes' classes still resolve, through the class of the child node. ExtractionError
+        (an ApsatError and a ValueError; one line) for data that is not shaped like extraction-gym JSON."""
+        try:
+            if isinstance(data, (str, Path)) and Path(str(data)).exists():
+                data = json.loads(Path(data).read_text())
+            elif isinstance(data, str):
+                data = json.loads(data)
+        except ValueError as exc:  # json's JSONDecodeError, UnicodeDecodeError
+            raise ExtractionError(f"not JSON: {exc}") from None
         _check_layout(data)
         raw = data["nodes"]
         nodes, classes, node_classes, dropped = {}, {}, {}, 0
@@ -79,17 +83,23 @@ class ExtractionGraph:
 
 
 def _check_layout(data) -> None:
-    """ValueError unless `data` has extraction-gym JSON's layout: an object whose "nodes"
-    maps ids to objects with "op", "eclass" and a "children" list, whose "class_data" (if
-    any) maps class ids to objects and whose "root_eclasses" (if any) is a list."""
+    """ExtractionError unless `data` has extraction-gym JSON's layout: an object whose "nodes"
+    maps ids to objects with "op", an "eclass" id, a "children" list of ids and a numeric
+    "cost" (if any), whose "class_data" (if any) maps class ids to objects and whose
+    "root_eclasses" (if any) is a list."""
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), dict):
-        raise ValueError('expected a JSON object with a "nodes" object')
+        raise ExtractionError('expected a JSON object with a "nodes" object')
     for nid, node in data["nodes"].items():
         if not (isinstance(node, dict) and {"op", "eclass"} <= node.keys()
                 and isinstance(node.get("children"), list)):
-            raise ValueError(f'node {nid!r} is not an object with "op", "eclass" and "children"')
+            raise ExtractionError(f'node {nid!r} is not an object with "op", "eclass" and "children"')
+        if not all(isinstance(i, (str, int)) for i in [node["eclass"], *node["children"]]):
+            raise ExtractionError(f'node {nid!r}: "eclass" and "children" must be ids (strings)')
+        cost = node.get("cost", 1.0)
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
+            raise ExtractionError(f'node {nid!r}: "cost" must be a non-negative number, not {cost!r}')
     class_data = data.get("class_data", {})
     if not isinstance(class_data, dict) or not all(isinstance(d, dict) for d in class_data.values()):
-        raise ValueError('"class_data" must map class ids to objects')
+        raise ExtractionError('"class_data" must map class ids to objects')
     if not isinstance(data.get("root_eclasses", []), list):
-        raise ValueError('"root_eclasses" must be a list')
+        raise ExtractionError('"root_eclasses" must be a list')

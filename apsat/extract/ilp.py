@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import time
 
+from apsat.errors import ExtractionError
 from apsat.extract.check import InvalidExtraction, check_extraction, dag_cost
 from apsat.extract.graph import ExtractionGraph
 from apsat.extract.greedy_dag import extract_greedy_dag
@@ -70,7 +71,7 @@ def extract_ilp(graph: ExtractionGraph, roots=None, node_cost=None, time_limit: 
     some root has no program at all, greedy-DAG's choice, which lacks that root), never
     costlier than greedy-DAG's program; `optimal` only when the full model proved it."""
     if acyclic not in ("order", "cuts"):
-        raise ValueError(f"acyclic must be 'order' or 'cuts', not {acyclic!r}")
+        raise ExtractionError(f"acyclic must be 'order' or 'cuts', not {acyclic!r}")
     run = _Run(graph, roots, node_cost, time_limit)
     greedy = extract_greedy_dag(graph, run.roots, node_cost)
     if any(r not in greedy for r in run.roots):

@@ -7,9 +7,66 @@ the MIP from a warm start.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 import numpy as np
 
 from apsat.extract.prune import sccs
+
+_BANNER_SHOWN = False  # HiGHS prints its banner once a process, from C, on the first Highs()
+
+
+def quiet_highs():
+    """A highspy.Highs with its log off (output_flag, log_to_console). HiGHS writes a
+    banner to the C stdout when the process's first Highs is built, before any option can
+    be set; that one construction runs with file descriptor 1 on /dev/null, so stdout
+    carries only what apsat prints (`apsat extract --json` is one JSON object)."""
+    import highspy
+
+    global _BANNER_SHOWN
+    if _BANNER_SHOWN:
+        h = highspy.Highs()
+    else:
+        _BANNER_SHOWN = True
+        with _stdout_to_devnull():
+            h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("log_to_console", False)
+    return h
+
+
+@contextlib.contextmanager
+def _stdout_to_devnull():
+    """File descriptor 1 on /dev/null for the block, C library writes included; the block
+    runs unchanged where there is no usable descriptor (an embedding without one)."""
+    try:
+        sys.stdout.flush()
+        _flush_c_stdout()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+        yield
+    finally:
+        _flush_c_stdout()  # what C buffered inside the block goes to /dev/null, not after it
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _flush_c_stdout() -> None:
+    """fflush(NULL): flush the C library's stdio buffers."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
 
 
 class HighsModel:
@@ -18,10 +75,7 @@ class HighsModel:
     "cuts" or None (no acyclicity rows: for an acyclic restriction)."""
 
     def __init__(self, members, pruned, roots, acyclic):
-        import highspy
-
-        self.h = h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
+        self.h = h = quiet_highs()
         kids = self.kids = pruned.kids
         self.nodes = [n for ns in members.values() for n in ns]
         self.col = col = {n: i for i, n in enumerate(self.nodes)}

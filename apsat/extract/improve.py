@@ -12,6 +12,7 @@ got cheaper (checked exactly, acyclicity included).
 """
 from __future__ import annotations
 
+from apsat.errors import ExtractionError
 import time
 
 from apsat.extract.check import find_back_edge
@@ -35,7 +36,7 @@ def improve(graph: ExtractionGraph, choice: dict[str, str], roots, node_cost=Non
     best = dict(choice)
     best_cost, used = _evaluate(graph, best, roots, own)
     if best_cost is None:
-        raise ValueError("improve: the starting choice is not an acyclic program")
+        raise ExtractionError("improve: the starting choice is not an acyclic program")
     # Round robin over the used classes: after a kept move, go on with the class after
     # the one that moved (rescanning from the start would repeat the failed moves); stop
     # after a full round without a kept move.

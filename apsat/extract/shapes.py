@@ -15,12 +15,14 @@ models that price nodes by their sizes refuse it in one line (workload.needs_sha
 """
 from __future__ import annotations
 
+from apsat.errors import ExtractionError
+
 SHAPE_KEY = "shape"
 
 
 def read_shapes(class_data: dict) -> dict | None:
     """Class id -> ((iterated dims), (item dims)) for every class whose class_data entry
-    has a "shape"; None when none has (a file written by another tool). ValueError, one
+    has a "shape"; None when none has (a file written by another tool). ExtractionError, one
     line, for a shape that is not two lists of non-negative ints."""
     shapes = {}
     for cls, data in class_data.items():
@@ -36,6 +38,6 @@ def _shape(cls: str, value) -> tuple[tuple[int, ...], tuple[int, ...]]:
             for part in value):
         return tuple(value[0]), tuple(value[1])
     text = repr(value)
-    raise ValueError(f"class {cls}: shape must be [[iterated dims], [item dims]] of "
+    raise ExtractionError(f"class {cls}: shape must be [[iterated dims], [item dims]] of "
                      f"non-negative ints, not {text if len(text) <= 60 else text[:57] + '...'}")
 

@@ -27,6 +27,7 @@ Context enters the cost in three places (the issue's list; this module holds the
 """
 from __future__ import annotations
 
+from apsat.errors import ExtractionError
 import math
 
 from apsat.extract.decode import compute_op_term, expr_child_classes
@@ -38,7 +39,7 @@ from apsat.lang.ops import OPS, VIEW_OPS
 def needs_shapes(graph: ExtractionGraph, model: str) -> dict:
     """The graph's class shapes, or a one-line error saying how to provide them."""
     if graph.shapes is None:
-        raise ValueError(f"cost model {model!r} needs e-class shapes: extract from an EGraph "
+        raise ExtractionError(f"cost model {model!r} needs e-class shapes: extract from an EGraph "
                          "(apsat.extract.extract), not from a bare extraction-gym file")
     return graph.shapes
 

@@ -15,6 +15,7 @@ import onnx
 from onnx import helper
 
 from apsat.errors import ModelError
+from apsat.frontend.limits import type_name
 
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
                onnx.TensorProto.BFLOAT16}
@@ -64,8 +65,11 @@ def node_name(idx: int, node) -> str:
 
 
 def check_structure(proto, label: str):
-    """Dangling inputs and ops unknown to onnx, named, before onnx.checker's wording."""
+    """A graph with no outputs, dangling inputs and ops unknown to onnx, named, before
+    onnx.checker's wording."""
     g = proto.graph
+    if not g.output:
+        raise ModelError(f"{file_prefix(label)}the graph has no outputs: nothing to optimise")
     produced = {i.name for i in g.input} | {i.name for i in g.initializer}
     later = {o for n in g.node for o in n.output}
     for idx, node in enumerate(g.node):
@@ -202,8 +206,9 @@ def infer_and_check(skeleton, label: str):
 
 def _type_mismatch(model, info: dict) -> str | None:
     """The first node whose inputs bound to one type parameter of its schema have different
-    element types (e.g. a float64 weight on a float32 Conv), described in one line; None if
-    all agree. onnx's checker and strict inference let this through; onnxruntime refuses it."""
+    element types (e.g. a float64 weight on a float32 Conv), or an input of a type its
+    schema does not allow (a float HannWindow size), described in one line; None if all
+    agree. onnx's checker and strict inference let this through; onnxruntime refuses it."""
     opsets = {o.domain or "": o.version for o in model.opset_import}
     for node in model.graph.node:
         try:
@@ -211,12 +216,18 @@ def _type_mismatch(model, info: dict) -> str | None:
         except Exception:
             continue   # unknown op or domain: the checker and the importer speak about it
         bound: dict[str, tuple[str, int]] = {}
+        allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
         for i, name in enumerate(node.input):
             if not name or name not in info or not info[name][0]:
                 continue
             formal = schema.inputs[min(i, len(schema.inputs) - 1)] if schema.inputs else None
             if formal is None:
                 continue
+            ok = allowed.get(formal.type_str, {formal.type_str})
+            if type_name(info[name][0]) not in ok and any(t.startswith("tensor(") for t in ok):
+                return (f"node {node.name or node.op_type} ({node.op_type}): input {name!r} is "
+                        f"{type_name(info[name][0])}, which its {formal.type_str} does not allow "
+                        f"({', '.join(sorted(ok)[:8])}{', ...' if len(ok) > 8 else ''})")
             seen = bound.setdefault(formal.type_str, (name, info[name][0]))
             if seen[1] != info[name][0]:
                 types = onnx.TensorProto.DataType.Name

@@ -11,7 +11,7 @@ from dataclasses import InitVar, dataclass, field
 
 from apsat.lang.ops import OPS, AccessShape
 from apsat.lang.term import Term, postorder
-from apsat.errors import ShapeError
+from apsat.errors import ParseError, ShapeError, UsageError
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Program:
     known_shapes: InitVar[dict | None] = None
 
     def __post_init__(self, known_shapes=None):
-        self.tensor_shapes = {k: tuple(int(d) for d in v) for k, v in self.tensor_shapes.items()}
+        self.tensor_shapes = {k: _dims(k, v) for k, v in self.tensor_shapes.items()}
         self.weights = frozenset(self.weights)
         terms = postorder(list(self.outputs.values())) if known_shapes is not None else ()
         if known_shapes is not None and all(t in known_shapes for t in terms):
@@ -89,9 +89,9 @@ class Program:
 
     @property
     def root(self) -> Term:
-        """The single output term; ValueError when the program has several outputs."""
+        """The single output term; UsageError (a ValueError) when the program has several."""
         if len(self.outputs) != 1:
-            raise ValueError(f"program has {len(self.outputs)} outputs; use .outputs")
+            raise UsageError(f"program has {len(self.outputs)} outputs; use .outputs")
         return next(iter(self.outputs.values()))
 
     @property
@@ -132,7 +132,23 @@ class Program:
 
 def parse(text: str, shapes: dict) -> Program:
     """Parse surface syntax into a single-output Program (output name "out").
-    `shapes` maps every tensor name the text uses to its dims."""
+    `shapes` maps every tensor name the text uses to its dims (non-negative ints).
+    ParseError for text that does not parse, ShapeError for missing or bad shapes."""
     from apsat.lang.syntax import parse_term
 
+    if not isinstance(text, str):
+        raise ParseError(f"parse: expected program text (a str), not {type(text).__name__}")
+    if not isinstance(shapes, dict):
+        raise ShapeError(f"shapes must be a dict of tensor name -> dims, not {type(shapes).__name__}")
     return Program({"out": parse_term(text)}, dict(shapes))
+
+
+def _dims(name, value) -> tuple[int, ...]:
+    """A tensor's dims as a tuple of non-negative ints; ShapeError naming it otherwise."""
+    try:
+        dims = tuple(value)
+        if all(int(d) == d and d >= 0 for d in dims):
+            return tuple(int(d) for d in dims)
+    except (TypeError, ValueError):
+        pass
+    raise ShapeError(f"tensor {name!r}: dims must be non-negative ints, not {value!r}")

