@@ -1,8 +1,15 @@
-"""Running rulesets in bursts under iteration, node and time limits (EGraph.run).
+"""Running rulesets in bursts under iteration, node, time and memory limits (EGraph.run).
 
 egglog cannot stop inside a `run-schedule`, so the driver runs short bursts and checks the
 limits between them. Split out of driver.py, which keeps the e-graph itself; these
 functions use its private helpers (`_run`, `_node_count`, `_saturate_shapes`) by design.
+
+Determinism: how many iterations a burst runs and under which match limit depend only on
+iteration counts and e-node counts, never on the clock or on memory, because each burst
+starts a fresh back-off scheduler, so where bursts end changes which matches are held
+back and so what the e-graph holds. The same e-graph and limits therefore give the same
+bursts and the same e-graph on an idle and on a loaded machine, unless the time or memory
+limit (safety nets, checked between bursts and between probes) stops the run first.
 
 Node limit: the driver predicts the next burst's growth from the measured per-iteration
 growth factor of the last burst (a doubling before any is measured). Far from the limit
@@ -24,6 +31,7 @@ prediction was off by more than 2x).
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -37,6 +45,18 @@ from apsat.errors import EGraphError
 # Rules of the `shapes` ruleset (language.egg, shape_rules.egg): left out of the per-rule
 # match counts.
 SHAPE_RULE_NAMES = set(re.findall(r':name "([^"]+)"', language_text()))
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_mib() -> float | None:
+    """This process's resident set size in MiB, read from /proc/self/statm (a few
+    microseconds, so it can be read between every two bursts); None where that file does
+    not exist (not Linux), in which case a memory limit is not enforced."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_BYTES / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -49,10 +69,15 @@ class Limits:
     match_limit: int
     ban_length: int
     start: float
+    memory_limit: float | None = None    # MiB of resident memory; None: no limit
 
-    @property
-    def deadline(self) -> float:
-        return self.start + self.time_limit
+    def safety_net(self) -> str | None:
+        """"time_limit" or "memory_limit" when that limit is reached, else None."""
+        if time.perf_counter() - self.start >= self.time_limit:
+            return "time_limit"
+        if self.memory_limit is not None and (rss := rss_mib()) is not None and rss > self.memory_limit:
+            return "memory_limit"
+        return None
 
 
 @dataclass
@@ -65,7 +90,6 @@ class Progress:
     k: int = 0                 # iterations in the last burst
     grown: int = 0             # e-nodes the last burst added
     factor: float = 2.0        # growth per iteration measured in the last burst
-    per_iter_s: float = 0.0    # seconds per iteration in the last burst
     near: bool = False         # the next iteration may overflow the node limit
     granted: int = 0           # match limit granted by probing, for the next iteration only
     last_grant: int = 0        # the largest one granted so far: probing restarts from it
@@ -75,7 +99,8 @@ class Progress:
 
 
 def run(eg, rulesets, iter_limit: int = 30, node_limit: int = 100_000,
-        time_limit: float = 10.0, match_limit: int = 100_000, ban_length: int = 2) -> dict:
+        time_limit: float = 10.0, match_limit: int = 100_000, ban_length: int = 2,
+        memory_limit: float | None = None) -> dict:
     """Run the named rulesets (a name or a list) until saturation or a limit.
 
     Contract: unknown names raise EGraphError before egglog sees them. Iterations run
@@ -84,21 +109,25 @@ def run(eg, rulesets, iter_limit: int = 30, node_limit: int = 100_000,
     those matches and is banned for `ban_length` iterations, doubling), one
     iteration being one step of every named ruleset and four of `shapes`. Between
     bursts shapes are saturated and checked (ShapeError on a conflict or an
-    ill-shaped node) and sizes and time compared with the limits; how bursts are
-    sized near the node limit is in this module's docstring.
+    ill-shaped node) and the limits are checked, in this order: iterations, e-nodes,
+    then the safety nets time (seconds since the call) and memory (`memory_limit`,
+    MiB of this process's resident memory, rss_mib(); None: none). Burst sizes depend
+    on iterations and e-nodes only (module docstring), so a run that ends on the
+    iteration or node limit, or saturated, is the same on any machine.
 
     Returns {"rulesets", "iterations", "bursts", "stop_reason" ("saturated",
-    "iter_limit", "node_limit" or "time_limit"), "nodes_before", "nodes_after",
-    "node_limit", "overshoot" (nodes over node_limit, 0 when under), "last_burst"
-    ({"iterations", "nodes_added", "match_limit"} of the last burst run, None when
-    none ran), "burst_log" ([iterations, match limit, nodes after] per burst),
-    "probes" (iterations run on a copy and rolled back), "seconds", "rule_matches"
-    (rule name or text -> matches, shapes rules left out)}."""
+    "iter_limit", "node_limit", "time_limit" or "memory_limit"), "nodes_before",
+    "nodes_after", "node_limit", "overshoot" (nodes over node_limit, 0 when under),
+    "last_burst" ({"iterations", "nodes_added", "match_limit"} of the last burst run,
+    None when none ran), "burst_log" ([iterations, match limit, nodes after] per burst),
+    "probes" (iterations run on a copy and rolled back), "seconds", "rss_mib" (resident
+    memory at the end, None where unknown), "rule_matches" (rule name or text ->
+    matches, shapes rules left out)}."""
     names = [rulesets] if isinstance(rulesets, str) else list(rulesets)
     for name in names:
         if name not in eg._rulesets:
             raise EGraphError(f"unknown ruleset {name!r}; loaded: {', '.join(eg.rulesets)}")
-    lim = Limits(iter_limit, node_limit, time_limit, match_limit, ban_length, time.perf_counter())
+    lim = Limits(iter_limit, node_limit, time_limit, match_limit, ban_length, time.perf_counter(), memory_limit)
     p = Progress(nodes=eg._node_count())
     nodes_before = p.nodes
     # A few shape steps per iteration so rules guarded by shapes see new nodes; the
@@ -119,8 +148,7 @@ def run(eg, rulesets, iter_limit: int = 30, node_limit: int = 100_000,
             break
         if p.near and p.grown == 0:
             # Only rules held back by the match limit (or unions) are left: probe them.
-            p.granted, tried, stop = _grant(eg, step, max(2 * limit, p.last_grant), lim.match_limit,
-                                            lim.ban_length, p.nodes, lim.node_limit, lim.deadline)
+            p.granted, tried, stop = _grant(eg, step, max(2 * limit, p.last_grant), p.nodes, lim)
             p.probes, p.last_grant = p.probes + tried, max(p.last_grant, p.granted)
             if stop:
                 break
@@ -128,30 +156,33 @@ def run(eg, rulesets, iter_limit: int = 30, node_limit: int = 100_000,
             "nodes_before": nodes_before, "nodes_after": p.nodes, "node_limit": node_limit,
             "overshoot": max(0, p.nodes - node_limit), "last_burst": p.last, "burst_log": p.log,
             "probes": p.probes, "seconds": round(time.perf_counter() - lim.start, 4),
-            "rule_matches": p.matches}
+            "rss_mib": _rounded(rss_mib()), "rule_matches": p.matches}
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
 
 
 def _limit_reached(p: Progress, lim: Limits) -> str | None:
-    """The stop reason when the iteration, time or node limit is already reached."""
+    """The stop reason when a limit is already reached. The deterministic limits come
+    first, so a run that reaches one of them reports it whatever the clock says."""
     if p.iterations >= lim.iter_limit:
         return "iter_limit"
-    if time.perf_counter() - lim.start >= lim.time_limit:
-        return "time_limit"
     if lim.node_limit - p.nodes <= 0:
         return "node_limit"
-    return None
+    return lim.safety_net()
 
 
 def _next_burst(p: Progress, lim: Limits, per_match: int) -> tuple[int, int] | None:
     """(iterations, match limit) of the next burst; None when near the node limit and not
-    even one match fits.
+    even one match fits. A function of iteration and node counts only (no clock: see the
+    module docstring).
 
     Near the node limit (the next iteration predicted to overflow by the geometric growth
     of the last burst: exploratory rules multiply the graph) it is one iteration under
     `room // per_match`: even if every rule applied that many matches, each adding all its
     right-hand side, the iteration would fit. Once near, stay near: a throttled
     iteration's small growth says nothing about what the held-back rules would add."""
-    elapsed = time.perf_counter() - lim.start
     room = lim.node_limit - p.nodes
     p.near = p.near or room < p.nodes * (p.factor - 1.0)
     if p.near:
@@ -159,20 +190,16 @@ def _next_burst(p: Progress, lim: Limits, per_match: int) -> tuple[int, int] | N
         return (1, limit) if limit else None
     # Far: double the burst; single iterations once the room is below what the last one added
     k = 1 if room < p.grown else min(2 * p.k or 1, lim.iter_limit - p.iterations)
-    if p.per_iter_s > 0:      # aim to land inside the time limit
-        k = min(k, max(1, int((lim.time_limit - elapsed) / p.per_iter_s / 2)))
-    if p.factor > 1.0:        # and to add at most half the room
+    if p.factor > 1.0:        # and add at most half the room
         k = min(k, max(1, int(math.log1p(room / (2 * p.nodes)) / math.log(p.factor))))
     return k, lim.match_limit
 
 
 def _burst(eg, p: Progress, step: str, k: int, limit: int, ban_length: int, names) -> bool:
     """Run `step` k times under match limit `limit`, then saturate and check shapes and
-    record the burst in `p` (growth, timing, matches, log). True iff egglog reports that
+    record the burst in `p` (growth, matches, log). True iff egglog reports that
     something changed."""
-    t0 = time.perf_counter()
     out = eg._run(_schedule(step, k, limit, ban_length), f"running {' '.join(names)}")
-    p.per_iter_s = (time.perf_counter() - t0) / k
     p.iterations, p.granted, p.k = p.iterations + k, 0, k
     report = out[0].report
     for rule, count in report.num_matches_per_rule.items():
@@ -201,33 +228,35 @@ def _schedule(step: str, k: int, limit: int, ban_length: int) -> str:
             f":ban-length {int(ban_length)})) (repeat {k} {step}))")
 
 
-def _grant(eg, step, start, match_limit, ban_length, nodes, node_limit, deadline):
+def _grant(eg, step, start, nodes, lim: Limits):
     """After a near-limit iteration added no node but changed something (a rule was
     held back, or unions): probe one iteration under match limits `start`, 2 *
-    `start`, .. up to match_limit, each on a pushed copy popped after counting.
+    `start`, .. up to lim.match_limit, each on a pushed copy popped after counting.
     Returns (limit to grant, probes run, stop reason or None). The first limit whose
-    iteration adds nodes within node_limit is granted; so is match_limit when even it
-    adds none but still changes something (unions). A probe that overflows stops with
-    "node_limit", one that changes nothing with "saturated" (every rule could fire and
-    none had anything to add), the deadline with "time_limit"."""
-    probes, limit = 0, min(match_limit, start)
+    iteration adds nodes within lim.node_limit is granted; so is lim.match_limit when
+    even it adds none but still changes something (unions). A probe that overflows
+    stops with "node_limit", one that changes nothing with "saturated" (every rule
+    could fire and none had anything to add), the time or memory limit with its name
+    (each probe copies the e-graph)."""
+    probes, limit = 0, min(lim.match_limit, start)
     while True:
-        if time.perf_counter() >= deadline:
-            return 0, probes, "time_limit"
+        net = lim.safety_net()
+        if net:
+            return 0, probes, net
         eg._run("(push)", "probing a match limit")
         try:
-            out = eg._run(_schedule(step, 1, limit, ban_length), "probing a match limit")
+            out = eg._run(_schedule(step, 1, limit, lim.ban_length), "probing a match limit")
             after = eg._node_count()
         finally:
             eg._run("(pop)", "probing a match limit")
         probes += 1
-        if after > node_limit:
+        if after > lim.node_limit:
             return 0, probes, "node_limit"
         if not pending(out[0].report):
             return 0, probes, "saturated"
-        if after > nodes or limit >= match_limit:
+        if after > nodes or limit >= lim.match_limit:
             return limit, probes, None
-        limit = min(match_limit, 2 * limit)
+        limit = min(lim.match_limit, 2 * limit)
 
 
 def _expr_calls(expr) -> int:

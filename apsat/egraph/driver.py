@@ -241,10 +241,13 @@ class EGraph:
         return sorted(self._rulesets)
 
     def run(self, rulesets, iter_limit: int = 30, node_limit: int = 100_000,
-            time_limit: float = 10.0, match_limit: int = 100_000, ban_length: int = 2) -> dict:
+            time_limit: float = 10.0, match_limit: int = 100_000, ban_length: int = 2,
+            memory_limit: float | None = None) -> dict:
         """Run the named rulesets (a name or a list) until saturation or a limit, in
-        bursts; the contract and the report's keys are in apsat.egraph.bursts.run."""
-        return bursts.run(self, rulesets, iter_limit, node_limit, time_limit, match_limit, ban_length)
+        bursts; `memory_limit` is MiB of the process's resident memory (None: no limit).
+        The contract and the report's keys are in apsat.egraph.bursts.run."""
+        return bursts.run(self, rulesets, iter_limit, node_limit, time_limit, match_limit, ban_length,
+                          memory_limit)
 
     def growth_per_match(self, rulesets) -> int:
         """The most Expr nodes one match of every rule of `rulesets` (names, a combined
@@ -319,6 +322,34 @@ class EGraph:
         if term.op == VAR:
             return True
         return self._holds(f"(= {ref} {egg_term(term)})", f"matching {pattern}")
+
+    def sites(self, probes) -> list[list[str] | None]:
+        """The Expr e-classes where each probe matches now; the e-graph is left as it was.
+
+        A probe is (query, site): egglog query facts, and an Expr expression over their
+        variables naming the class to report (a rule's left side bound as `(= ?s LHS)`
+        and `?s`). Each probe runs as one rule for one iteration on a pushed copy, popped
+        after reading. Returns per probe its site class ids (as class_of gives them,
+        sorted), or None when egglog refused the probe (a type error, say). A site that
+        names a term not in the e-graph yields a class that serialize() will not list."""
+        out: list = [None] * len(probes)
+        self._run("(push)", "probing rule sites")
+        try:
+            self._run("(relation apsat-site (i64 Expr))\n(ruleset apsat-sites)", "probing rule sites")
+            for i, (query, site) in enumerate(probes):
+                try:
+                    self._run(f"(rule ({query}) ((apsat-site {i} {site})) :ruleset apsat-sites)", "probing rule sites")
+                    out[i] = set()
+                except EGraphError:
+                    continue      # this probe stays None
+            self._run("(run apsat-sites 1)", "probing rule sites")
+            with egglog_io.egglog_call("reading rule sites"):
+                rows = self._g.freeze().functions["apsat-site"].rows
+            for row in rows:
+                out[self._g.value_to_i64(row.inputs[0])].add(f"Expr-{raw_id(row.inputs[1])}")
+        finally:
+            self._run("(pop)", "probing rule sites")
+        return [None if s is None else sorted(s) for s in out]
 
     def _node_count(self) -> int:
         out = self._run("(print-size)", "counting nodes")

@@ -15,14 +15,17 @@ class EGraph(driver.EGraph):
     """An e-graph over the access-pattern language (see apsat.egraph.driver.EGraph), which
     also saturates with the target's default plan and draws itself in Jupyter."""
 
-    def saturate(self, rules=None, iter_limit: int = 30, node_limit: int = 100_000,
-                 time_limit: float = 10.0, progress=None, regions=None) -> dict:
-        """Saturate with `rules` (ruleset names or rule-file paths, one phase under these
-        limits) or, without rules, the target's default phase plan; returns the
-        saturation report (see apsat.rules.saturate). `regions`: a Program added
-        earlier, to saturate region by region with reuse (apsat.rules.regions)."""
+    def saturate(self, rules=None, iter_limit: int | None = None, node_limit: int | None = None,
+                 time_limit: float | None = None, progress=None, regions=None,
+                 memory_limit: float | None = None) -> dict:
+        """Saturate with `rules` (ruleset names or rule-file paths, one phase) or, without
+        rules, the target's default phase plan; given limits cap every phase (None: each
+        phase's own, see apsat.rules.saturate). Returns the saturation report. `regions`:
+        a Program added earlier, to saturate region by region with reuse
+        (apsat.rules.regions)."""
         return _saturate(self, rules, iter_limit=iter_limit, node_limit=node_limit,
-                         time_limit=time_limit, progress=progress, regions=regions)
+                         time_limit=time_limit, progress=progress, regions=regions,
+                         memory_limit=memory_limit)
 
     def view(self, root=None, depth: int | None = 2, max_classes: int = 150):
         """An EGraphView of the e-classes within `depth` child steps of `root` (a handle;

@@ -74,11 +74,11 @@ class OptimizeResult:
 
 
 def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-dag",
-             verify: bool = True, seed: int = 0, iter_limit: int = 30,
-             node_limit: int = 100_000, time_limit: float = 10.0, progress=None,
+             verify: bool = True, seed: int = 0, iter_limit: int | None = None,
+             node_limit: int | None = None, time_limit: float | None = None, progress=None,
              regions: bool = False, lowering: dict | None = None,
              verify_backend: bool | None = None, input_shapes: dict | None = None,
-             inputs=None) -> OptimizeResult:
+             inputs=None, memory_limit: float | None = None, check_rules: bool = True) -> OptimizeResult:
     """Optimise an ONNX model (a path, a ModelProto or a loaded Model) for `target`:
     import, saturate, extract, lower with the target's backend, verify.
 
@@ -90,6 +90,13 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
     verify_backend: with verify, run the lowered program on the backend: None where the
         backend runs here at a sensible cost (the systolic simulator always; GPU kernels
         only on a GPU: the report says why it was skipped), True always, False never.
+    iter_limit, node_limit, time_limit, memory_limit (MiB of resident memory): cap every
+        saturation phase (apsat.rules.saturate: the smaller of the phase's own and this;
+        time replaces the plan's 120 s safety net; None: the plan's own, for `rules=`
+        30 iterations, 100,000 e-nodes, 10 s); the report says what stopped each phase.
+    check_rules: after saturating with the user's own rule files (paths in `rules=`),
+        check them on this model (apsat.pipeline.soundness.check_user_rules): a wrong
+        one raises UnsoundRuleError naming it; report["rule_check"] says what was checked.
     progress: optional callable(phase_name) told when each phase starts.
     regions: saturate region by region, identical regions once (apsat.rules.regions).
     lowering: the backend's options; systolic targets: im2col, fold_copies, fuse_zips
@@ -112,10 +119,13 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
     seconds: dict[str, float] = {}
     m, eg, handles, loaded = _load(model, target, tell, seconds, input_shapes)
     given = _given_inputs(inputs, m)
-    saturation = _saturate(eg, m, rules, regions, tell, seconds,
-                           iter_limit=iter_limit, node_limit=node_limit, time_limit=time_limit)
+    limits = {"iter_limit": iter_limit, "node_limit": node_limit, "time_limit": time_limit,
+              "memory_limit": memory_limit}
+    saturation = _saturate(eg, m, rules, regions, tell, seconds, **limits)
+    rule_check = _check_rules(eg, m, check_rules, given, seed, tell, seconds) if rules else None
     program = _timed("extract", tell, seconds, _extract, eg, handles, extractor)
     report = _report(m, target, rules, program, eg, loaded, saturation, seconds)
+    report.update({"limits": limits}, **({"rule_check": rule_check} if rule_check else {}))
     lowered = _timed("lower", tell, seconds, backend.lower, program, tgt, m.weights, lowering or {})
     report[backend.name] = lowered.report
     outputs = None
@@ -174,6 +184,20 @@ def _saturate(eg, m, rules, regions, tell, seconds, **limits) -> dict:
         return {"phases": [], "skipped": []}
     return _timed("saturate", tell, seconds, lambda: saturate(
         eg, rules if rules else None, regions=m.program if regions else None, **limits))
+
+
+def _check_rules(eg, m, check_rules, given, seed, tell, seconds) -> dict | None:
+    """Check the user's own rules (rule files named in `rules=`) on this model
+    (apsat.pipeline.soundness.check_user_rules; UnsoundRuleError when one is wrong).
+    None when only built-in rulesets ran; {"skipped": ...} with check_rules False."""
+    from apsat.pipeline.soundness import check_user_rules, user_rules
+
+    mine = user_rules(eg)
+    if not mine:
+        return None
+    if not check_rules:
+        return {"skipped": "check_rules=False"}
+    return _timed("rule check", tell, seconds, check_user_rules, eg, m, mine, seed, 20, 3, given)
 
 
 def _extract(eg, handles, extractor):
