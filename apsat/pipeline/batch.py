@@ -1,0 +1,240 @@
+"""Batch optimisation: one task per model, each in its own worker process, resumable.
+
+`Task` says what to run (model file, target, rules, options, output directory);
+`run_task` runs one in the current process (what a worker does: optimise, verify, write
+the model's report directory atomically) and returns its summary row. `run_local` runs
+tasks on a pool of worker processes: each model in a fresh process, with a time limit and a memory
+limit watched from outside, so a crash, a hang or an out-of-memory becomes that model's
+failure row (the signal, the limit, the last phase reached) and the others go on. Results
+of finished models go to a ResultStore under their content key; a later run with the same
+inputs reuses them. Ctrl-C stops the run and keeps every finished result.
+
+Workers are fresh interpreters ("spawn"), so a script that calls `run_local` needs the
+usual `if __name__ == "__main__":` guard.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from apsat.pipeline.store import ResultStore, content_key
+
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_MAX_MEMORY_MIB = 8192
+POLL_S = 0.05
+
+
+@dataclass
+class Task:
+    """One model to optimise. `options` are optimize()'s keywords besides the model,
+    target and rules (verify, seed, extractor, input_shapes, limits ...); `randomize`
+    gives the model seeded random weights first (the light zoo's are all 0.02)."""
+
+    name: str
+    path: str
+    target: str = "gpu"
+    rules: list = field(default_factory=list)
+    options: dict = field(default_factory=dict)
+    out: str = "apsat-out"
+    randomize: bool = False
+    compile_kernels: bool = False
+
+    def key(self) -> str:
+        """The content key of this task's result (see apsat.pipeline.store)."""
+        texts = [Path(r).read_text() for r in self.rules if Path(r).is_file()]
+        names = [str(r) for r in self.rules if not Path(r).is_file()]
+        options = {**self.options, "rules": names, "randomize": self.randomize,
+                   "compile": self.compile_kernels}
+        return content_key(Path(self.path).read_bytes(), self.target, texts, options)
+
+
+def run_task(task: Task, tell=None) -> dict:
+    """Optimise one model here; write its report directory (into a temporary directory
+    renamed into place, so it is whole or absent); return its summary row: "status" ok,
+    mismatch or error, with "error" and the report's figures. `tell(phase)` hears each
+    phase as it starts."""
+    from apsat.errors import ApsatError
+    from apsat.pipeline.optimize import optimize
+
+    start = time.perf_counter()
+    row = {"model": task.name, "path": task.path, "target": task.target}
+    try:
+        source = task.path
+        if task.randomize:
+            import onnx
+
+            from apsat.pipeline.zoo import randomize_weights
+
+            source = randomize_weights(onnx.load(task.path), seed=task.options.get("seed", 0))
+        res = optimize(source, target=task.target, rules=task.rules or None, progress=tell, **task.options)
+        res.report["model"] = task.name
+        _write_whole(res, Path(task.out) / task.name, task.compile_kernels)
+    except ApsatError as e:
+        return {**row, "status": "error", "error": str(e), "seconds": time.perf_counter() - start}
+    return {**row, **summary(res.report), "seconds": time.perf_counter() - start}
+
+
+def _write_whole(res, final: Path, compile_kernels: bool):
+    """res.write into a sibling temporary directory, then swap it in for `final`."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
+    try:
+        res.write(tmp, compile_kernels=compile_kernels)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def summary(report: dict) -> dict:
+    """The figures a batch table shows, from a model's report."""
+    v = report.get("verification") or {}
+    runs = [s.get(k) for s in (report.get("systolic"), report.get("gpu_kernels"))
+            if isinstance(s, dict) for k in ("simulation", "run")]
+    failed = (v and not v.get("ok", True)) or any(isinstance(r, dict) and r.get("ok") is False for r in runs)
+    gpu = report.get("gpu_kernels") or {}
+    systolic = report.get("systolic") or {}
+    return {"status": "mismatch" if failed else "ok",
+            "speedup": (report.get("extraction") or {}).get("modelled_speedup"),
+            "kernels": (gpu.get("totals") or {}).get("kernels"),
+            "cycles": (systolic.get("cycles") or {}).get("total") if isinstance(systolic.get("cycles"), dict) else None,
+            "onnx_nodes": sum((report.get("ops_before") or {}).values()),
+            "egraph_nodes": (report.get("egraph") or {}).get("nodes"),
+            "phases": [{"phase": p.get("phase"), "nodes": p.get("nodes"), "seconds": p.get("seconds")}
+                       for p in (report.get("saturation") or {}).get("phases", [])],
+            "phase_seconds": report.get("seconds", {}),
+            "max_abs_err": v.get("max_abs_err"), "opaque_ops": report.get("opaque_ops", {}),
+            "notices": report.get("notices", [])}
+
+
+# ---- the local pool ---------------------------------------------------------------------------
+
+def _worker(task: Task, results, events):
+    """A worker process: one task, its phases told to the parent as they start."""
+    row = run_task(task, tell=lambda phase: events.put((task.name, phase)))
+    results.put(row)
+
+
+@dataclass
+class _Running:
+    task: Task
+    proc: object
+    results: object
+    started: float
+    phase: str = "starting"
+
+
+def _context():
+    """Fresh interpreter processes ("spawn"). Forking from a server with apsat imported
+    would save the imports (~2 s a model) but deadlocks: numpy's BLAS thread pool does not
+    survive a fork, and the GPU lowering hung in the child."""
+    return mp.get_context("spawn")
+
+
+def run_local(tasks: list[Task], jobs: int = 1, timeout: float = DEFAULT_TIMEOUT_S,
+              max_memory_mib: float = DEFAULT_MAX_MEMORY_MIB, store: ResultStore | None = None,
+              force: bool = False, on_event=None) -> list[dict]:
+    """Run `tasks` on `jobs` worker processes; one summary row per task, in task order.
+    Tasks whose key `store` has are reused (status "reused") unless `force`. A model over
+    `timeout` seconds or `max_memory_mib` of resident memory is killed and fails with that
+    reason; so does a worker that dies. `on_event(kind, row_or_name, detail)` hears
+    "start" (name, the worker's pid), "phase" (name, phase), "done" (row) and "reused"
+    (row) events, for a progress view. KeyboardInterrupt
+    stops the workers and returns the rows finished so far (others "interrupted")."""
+    rows: dict[str, dict] = {}
+    pending = []
+    for task in tasks:
+        record = None if force or store is None else store.load(task.key())
+        if record is not None:
+            rows[task.name] = {**record["row"], "status": "reused"}
+            _emit(on_event, "reused", rows[task.name], None)
+        else:
+            pending.append(task)
+    ctx, running = _context(), {}
+    events = ctx.Queue()
+    try:
+        while pending or running:
+            while pending and len(running) < max(1, jobs):
+                task = pending.pop(0)
+                results = ctx.Queue()
+                proc = ctx.Process(target=_worker, args=(task, results, events), daemon=True)
+                proc.start()
+                running[task.name] = _Running(task, proc, results, time.monotonic())
+                _emit(on_event, "start", task.name, proc.pid)
+            _drain_events(events, running, on_event)
+            for name, run in list(running.items()):
+                row = _finished(run, timeout, max_memory_mib)
+                if row is not None:
+                    del running[name]
+                    rows[name] = row
+                    if store is not None and row["status"] in ("ok", "mismatch"):
+                        store.save(run.task.key(), {"row": row, "task": asdict(run.task)})
+                    _emit(on_event, "done", row, None)
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        for run in running.values():
+            run.proc.kill()
+        for task in [r.task for r in running.values()] + pending:
+            rows.setdefault(task.name, {"model": task.name, "path": task.path, "target": task.target,
+                                        "status": "interrupted", "error": "stopped by Ctrl-C"})
+    return [rows[t.name] for t in tasks if t.name in rows]
+
+
+def _emit(on_event, kind, what, detail):
+    if on_event is not None:
+        on_event(kind, what, detail)
+
+
+def _drain_events(events, running, on_event):
+    while True:
+        try:
+            name, phase = events.get_nowait()
+        except (queue_mod.Empty, OSError, EOFError):
+            return
+        if name in running:
+            running[name].phase = phase
+        _emit(on_event, "phase", name, phase)
+
+
+def _finished(run: _Running, timeout: float, max_memory_mib: float) -> dict | None:
+    """The task's row when its worker is done or must be stopped, else None."""
+    try:
+        return run.results.get_nowait()
+    except (queue_mod.Empty, OSError, EOFError):
+        pass
+    base = {"model": run.task.name, "path": run.task.path, "target": run.task.target,
+            "status": "failed", "seconds": time.monotonic() - run.started, "last_phase": run.phase}
+    if not run.proc.is_alive():
+        try:                      # the row may arrive just after the process exits
+            return run.results.get(timeout=1.0)
+        except (queue_mod.Empty, OSError, EOFError):
+            code = run.proc.exitcode
+            why = f"killed by signal {signal.Signals(-code).name}" if code and code < 0 else f"exit status {code}"
+            return {**base, "error": f"worker died ({why}) in phase {run.phase}"}
+    if time.monotonic() - run.started > timeout:
+        run.proc.kill()
+        return {**base, "error": f"time limit {timeout:g} s hit in phase {run.phase}"}
+    rss = _rss_mib(run.proc.pid)
+    if rss is not None and rss > max_memory_mib:
+        run.proc.kill()
+        return {**base, "error": f"memory limit {max_memory_mib:g} MiB exceeded ({rss:.0f} MiB) "
+                                 f"in phase {run.phase}"}
+    return None
+
+
+def _rss_mib(pid: int) -> float | None:
+    """Resident memory of a process, MiB (Linux /proc); None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
