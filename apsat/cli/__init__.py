@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from apsat.cli.summary import compile_failures, failed, summary_table
+from apsat.cli.zoo import zoo_options
 from apsat.errors import ApsatError
 
 __all__ = ["main", "build_parser", "optimize_keywords", "compile_failures", "failed"]
@@ -184,19 +185,13 @@ def cmd_optimize(args) -> int:
 
 
 def cmd_zoo(args) -> int:
-    """Optimise models; the light zoo's weights are all 0.02, so they get seeded random
-    weights first (otherwise verification would compare constants)."""
-    from apsat.pipeline.zoo import light_model_paths
+    """Optimise a set of models as a batch (apsat.cli.zoo); the light zoo's weights are all
+    0.02, so it gets seeded random weights first (else verification compares constants)."""
+    from apsat.cli.zoo import report_zoo, run_zoo, zoo_tasks
 
-    paths: list[Path] = []
-    for item in args.models or []:
-        p = Path(item)
-        paths.extend(sorted(p.glob("*.onnx")) if p.is_dir() else [p])
-    light = not args.models
-    if light:
-        paths = light_model_paths()
-    items = [(p, p.stem.replace("light_", "") if light else p.stem) for p in paths]
-    return _run_models(items, args, randomize=light)
+    tasks = zoo_tasks(args, optimize_keywords, _shapes_for)
+    console = _console()
+    return report_zoo(run_zoo(args, tasks, console), args, console)
 
 
 def cmd_extract(args) -> int:
@@ -319,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("zoo", help="optimise a set of models (default: the onnx light zoo) and verify each")
     p.add_argument("models", nargs="*", help="models or directories (default: the light zoo in onnx)")
     common_options(p)
+    zoo_options(p)
     p.set_defaults(func=cmd_zoo)
     p = sub.add_parser("extract", help="extract from an extraction-gym JSON e-graph")
     p.add_argument("egraph")

@@ -1,33 +1,8 @@
-"""The summary `apsat optimize` and `apsat zoo` print, and how a model's report counts:
-a verification or simulation mismatch (`failed`, exit 1) or kernels a backend's compiler
-refused (`compile_failures`, exit 3)."""
+"""The summaries `apsat optimize` and `apsat zoo` print: a table of reports (optimize) or
+of batch rows (zoo). How a report counts is apsat.pipeline.outcome's."""
 from __future__ import annotations
 
-
-def failed(report: dict) -> bool:
-    """Verification against onnxruntime failed: the reference interpreter's, or the target
-    backend's run (the systolic simulator's "simulation", GPU kernels' "run")."""
-    v = report.get("verification")
-    runs = [section.get(key) for section in (report.get("systolic"), report.get("gpu_kernels"))
-            if isinstance(section, dict) for key in ("simulation", "run")]
-    return bool((v and not v["ok"]) or any(r and r.get("ok") is False for r in runs))
-
-
-def compile_failures(report: dict) -> str:
-    """"" when every kernel the report lists compiled (or none was compiled), else one
-    line naming the kernels nvcc or Triton's AOT compiler refused and the first error."""
-    section = report.get("gpu_kernels")
-    kernels = section.get("kernels", []) if isinstance(section, dict) else []
-    bad = [(k.get("name"), tool, (k.get(tool) or {}).get("error")) for k in kernels
-           for tool in ("cuda", "triton") if isinstance(k, dict) and (k.get(tool) or {}).get("error")]
-    if not bad:
-        return ""
-    name, tool, error = bad[0]
-    lines = [li.strip() for li in str(error).splitlines() if li.strip()]
-    first = next((li for li in lines if "error" in li.lower()), lines[0] if lines else "")
-    names = ", ".join(f"{n} ({t})" for n, t, _ in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-    return (f"{len(bad)} kernel compile(s) failed: {names}; {name} ({tool}): {first[:200]} "
-            f"(full logs in kernels.json)")
+from apsat.pipeline.outcome import compile_failures, failed  # noqa: F401  (re-exported)
 
 
 def _speedup(report: dict) -> str:
@@ -55,3 +30,30 @@ def summary_table(reports: list[dict]):
                       str(r["egraph"]["nodes"]), _speedup(r), f"{sum(r['seconds'].values()):.1f}", status,
                       "" if v is None else f"{v['max_abs_err']:.1e}")
     return table
+
+
+STATUS_STYLE = {"ok": "[green]ok[/green]", "reused": "[cyan]reused[/cyan]", "mismatch": "[red]FAIL[/red]",
+                "error": "[red]error[/red]", "failed": "[red]failed[/red]", "interrupted": "[yellow]stopped[/yellow]"}
+
+
+def rows_table(rows: list[dict]):
+    """A rich Table of batch rows (apsat.pipeline.batch): one line a model."""
+    from rich.table import Table
+
+    table = Table(title="apsat zoo")
+    for col in ("model", "status", "onnx ops", "e-graph nodes", "kernels / cycles", "modelled speed-up",
+                "seconds", "max err"):
+        table.add_column(col, justify="left" if col in ("model", "status") else "right")
+    for r in rows:
+        status = r.get("stored_status", r["status"])
+        label = STATUS_STYLE.get(r["status"] if r["status"] != "reused" or status == "ok" else status, status)
+        work = r.get("kernels") if r.get("kernels") is not None else r.get("cycles")
+        speedup, err = r.get("speedup"), r.get("max_abs_err")
+        table.add_row(r["model"], label, _text(r.get("onnx_nodes")), _text(r.get("egraph_nodes")), _text(work),
+                      "" if speedup is None else f"{speedup:.2f}x", "" if r.get("seconds") is None
+                      else f"{r['seconds']:.1f}", "" if err is None else f"{err:.1e}")
+    return table
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)

@@ -14,6 +14,7 @@ usual `if __name__ == "__main__":` guard.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -24,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from apsat.pipeline.outcome import compile_failures, failed
 from apsat.pipeline.store import ResultStore, content_key
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -33,9 +35,10 @@ POLL_S = 0.05
 
 @dataclass
 class Task:
-    """One model to optimise. `options` are optimize()'s keywords besides the model,
-    target and rules (verify, seed, extractor, input_shapes, limits ...); `randomize`
-    gives the model seeded random weights first (the light zoo's are all 0.02)."""
+    """One model to optimise. `rules`: ruleset names (str) and rule files (pathlib.Path),
+    as optimize() takes them; `options` are optimize()'s other keywords (verify, seed,
+    extractor, input_shapes, limits ...); `randomize` gives the model seeded random
+    weights first (the light zoo's are all 0.02)."""
 
     name: str
     path: str
@@ -46,13 +49,22 @@ class Task:
     randomize: bool = False
     compile_kernels: bool = False
 
-    def key(self) -> str:
-        """The content key of this task's result (see apsat.pipeline.store)."""
-        texts = [Path(r).read_text() for r in self.rules if Path(r).is_file()]
-        names = [str(r) for r in self.rules if not Path(r).is_file()]
+    def key(self) -> str | None:
+        """The content key of this task's result (see apsat.pipeline.store), None when the
+        model file cannot be read: rule files
+        (pathlib.Path entries, files or directories of .egg files) count by their text,
+        ruleset names by name."""
+        files = [p for r in self.rules if isinstance(r, Path)
+                 for p in (sorted(r.glob("*.egg")) if r.is_dir() else [r])]
+        texts = [p.read_text(errors="replace") if p.is_file() else f"<missing {p}>" for p in files]
+        names = [str(r) for r in self.rules if not isinstance(r, Path)]
         options = {**self.options, "rules": names, "randomize": self.randomize,
                    "compile": self.compile_kernels}
-        return content_key(Path(self.path).read_bytes(), self.target, texts, options)
+        try:
+            data = Path(self.path).read_bytes()
+        except OSError:
+            return None            # no file to key: nothing stored, the worker says why
+        return content_key(data, self.target, texts, options)
 
 
 def run_task(task: Task, tell=None) -> dict:
@@ -75,35 +87,40 @@ def run_task(task: Task, tell=None) -> dict:
             source = randomize_weights(onnx.load(task.path), seed=task.options.get("seed", 0))
         res = optimize(source, target=task.target, rules=task.rules or None, progress=tell, **task.options)
         res.report["model"] = task.name
-        _write_whole(res, Path(task.out) / task.name, task.compile_kernels)
+        report = _write_whole(res, Path(task.out) / task.name, task.compile_kernels)
     except ApsatError as e:
         return {**row, "status": "error", "error": str(e), "seconds": time.perf_counter() - start}
-    return {**row, **summary(res.report), "seconds": time.perf_counter() - start}
+    return {**row, **summary(report), "seconds": time.perf_counter() - start}
 
 
-def _write_whole(res, final: Path, compile_kernels: bool):
-    """res.write into a sibling temporary directory, then swap it in for `final`."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
+def _write_whole(res, final: Path, compile_kernels: bool) -> dict:
+    """res.write into a sibling temporary directory, then swap it in for `final`; returns
+    the report as written (with the backend's compile figures). ApsatError when the
+    directory cannot be written."""
+    from apsat.errors import ApsatError
+
     try:
-        res.write(tmp, compile_kernels=compile_kernels)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
+    except OSError as e:
+        raise ApsatError(f"cannot write {final}: {e.strerror or e}") from None
+    try:
+        report = json.loads(res.write(tmp, compile_kernels=compile_kernels).read_text())
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        return report
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
 def summary(report: dict) -> dict:
-    """The figures a batch table shows, from a model's report."""
+    """The figures a batch table shows, from a model's report as written."""
     v = report.get("verification") or {}
-    runs = [s.get(k) for s in (report.get("systolic"), report.get("gpu_kernels"))
-            if isinstance(s, dict) for k in ("simulation", "run")]
-    failed = (v and not v.get("ok", True)) or any(isinstance(r, dict) and r.get("ok") is False for r in runs)
     gpu = report.get("gpu_kernels") or {}
     systolic = report.get("systolic") or {}
-    return {"status": "mismatch" if failed else "ok",
+    return {"status": "mismatch" if failed(report) else "ok", "backend_error": compile_failures(report),
             "speedup": (report.get("extraction") or {}).get("modelled_speedup"),
             "kernels": (gpu.get("totals") or {}).get("kernels"),
             "cycles": (systolic.get("cycles") or {}).get("total") if isinstance(systolic.get("cycles"), dict) else None,
@@ -153,9 +170,10 @@ def run_local(tasks: list[Task], jobs: int = 1, timeout: float = DEFAULT_TIMEOUT
     rows: dict[str, dict] = {}
     pending = []
     for task in tasks:
-        record = None if force or store is None else store.load(task.key())
+        key = None if force or store is None else task.key()
+        record = None if key is None else store.load(key)
         if record is not None:
-            rows[task.name] = {**record["row"], "status": "reused"}
+            rows[task.name] = {**record["row"], "status": "reused", "stored_status": record["row"]["status"]}
             _emit(on_event, "reused", rows[task.name], None)
         else:
             pending.append(task)
@@ -176,8 +194,9 @@ def run_local(tasks: list[Task], jobs: int = 1, timeout: float = DEFAULT_TIMEOUT
                 if row is not None:
                     del running[name]
                     rows[name] = row
-                    if store is not None and row["status"] in ("ok", "mismatch"):
-                        store.save(run.task.key(), {"row": row, "task": asdict(run.task)})
+                    key = run.task.key() if store is not None and row["status"] in ("ok", "mismatch") else None
+                    if key is not None:
+                        store.save(key, {"row": row, "task": _jsonable(asdict(run.task))})
                     _emit(on_event, "done", row, None)
             time.sleep(POLL_S)
     except KeyboardInterrupt:
@@ -187,6 +206,11 @@ def run_local(tasks: list[Task], jobs: int = 1, timeout: float = DEFAULT_TIMEOUT
             rows.setdefault(task.name, {"model": task.name, "path": task.path, "target": task.target,
                                         "status": "interrupted", "error": "stopped by Ctrl-C"})
     return [rows[t.name] for t in tasks if t.name in rows]
+
+
+def _jsonable(task: dict) -> dict:
+    """A task as plain JSON values (rule files as their path text)."""
+    return {**task, "rules": [str(r) for r in task["rules"]]}
 
 
 def _emit(on_event, kind, what, detail):
