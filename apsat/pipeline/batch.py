@@ -101,6 +101,8 @@ def _write_whole(res, final: Path, compile_kernels: bool) -> dict:
 
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
+        for stale in final.parent.glob(f".{final.name}-*"):   # left by a killed run
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
     except OSError as e:
         raise ApsatError(f"cannot write {final}: {e.strerror or e}") from None
@@ -148,6 +150,7 @@ class _Running:
     results: object
     started: float
     phase: str = "starting"
+    peak_mib: float = 0.0
 
 
 def _context():
@@ -230,16 +233,20 @@ def _drain_events(events, running, on_event):
 
 
 def _finished(run: _Running, timeout: float, max_memory_mib: float) -> dict | None:
-    """The task's row when its worker is done or must be stopped, else None."""
+    """The task's row when its worker is done or must be stopped, else None. Rows carry
+    the worker's peak resident memory as sampled here (`peak_mib`)."""
+    rss = _rss_mib(run.proc.pid)
+    run.peak_mib = max(run.peak_mib, rss or 0.0)
     try:
-        return run.results.get_nowait()
+        return {**run.results.get_nowait(), "peak_mib": round(run.peak_mib)}
     except (queue_mod.Empty, OSError, EOFError):
         pass
     base = {"model": run.task.name, "path": run.task.path, "target": run.task.target,
-            "status": "failed", "seconds": time.monotonic() - run.started, "last_phase": run.phase}
+            "status": "failed", "seconds": time.monotonic() - run.started, "last_phase": run.phase,
+            "peak_mib": round(run.peak_mib)}
     if not run.proc.is_alive():
         try:                      # the row may arrive just after the process exits
-            return run.results.get(timeout=1.0)
+            return {**run.results.get(timeout=1.0), "peak_mib": round(run.peak_mib)}
         except (queue_mod.Empty, OSError, EOFError):
             code = run.proc.exitcode
             why = f"killed by signal {signal.Signals(-code).name}" if code and code < 0 else f"exit status {code}"
@@ -247,7 +254,6 @@ def _finished(run: _Running, timeout: float, max_memory_mib: float) -> dict | No
     if time.monotonic() - run.started > timeout:
         run.proc.kill()
         return {**base, "error": f"time limit {timeout:g} s hit in phase {run.phase}"}
-    rss = _rss_mib(run.proc.pid)
     if rss is not None and rss > max_memory_mib:
         run.proc.kill()
         return {**base, "error": f"memory limit {max_memory_mib:g} MiB exceeded ({rss:.0f} MiB) "
