@@ -92,9 +92,9 @@ def timings(zoo: Path, root: Path, dask: bool) -> list[tuple[str, float, int]]:
 
 def dask_run(zoo: Path, root: Path) -> tuple[str, float, int]:
     """The light zoo through a 2-worker LocalCluster started here."""
-    from distributed import LocalCluster
+    from apsat.pipeline.batch_dask import local_cluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with local_cluster(2) as cluster:
         rc, s, _ = apsat("zoo", str(zoo), "--out", str(root / "dask-out"), "--executor", "dask",
                          "--scheduler", cluster.scheduler_address, "--force")
     return ("light zoo, Dask LocalCluster (2 workers)", s, rc)

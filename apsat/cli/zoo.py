@@ -30,7 +30,8 @@ def zoo_options(p) -> None:
     p.add_argument("--force", action="store_true", help="redo models whose stored result is still valid")
     p.add_argument("--executor", choices=("local", "dask"), default="local",
                    help="local worker processes (default) or a Dask distributed cluster")
-    p.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="with --executor dask: the scheduler's address")
+    p.add_argument("--scheduler", metavar="tcp://HOST:PORT",
+                   help="with --executor dask: the scheduler's address (default: a local cluster of --jobs workers)")
 
 
 def zoo_tasks(args, optimize_keywords, shapes_for) -> list:
@@ -75,12 +76,10 @@ def run_zoo(args, tasks, console) -> list[dict]:
     view = BatchProgress(len(tasks), args.jobs)
     limits = {"timeout": args.model_timeout, "store": store, "force": args.force, "on_event": view.on_event}
     with Live(view, console=console, refresh_per_second=4, transient=True):
-        if args.executor == "dask":
+        if args.executor == "dask":      # no --scheduler: a local cluster of --jobs workers
             from apsat.pipeline.batch_dask import run_dask
 
-            if not args.scheduler:
-                raise ApsatError("--executor dask needs --scheduler tcp://HOST:PORT")
-            return run_dask(tasks, args.scheduler, **limits)
+            return run_dask(tasks, args.scheduler, jobs=args.jobs, max_memory_mib=args.max_memory, **limits)
         from apsat.pipeline.batch import run_local
 
         return run_local(tasks, jobs=args.jobs, max_memory_mib=args.max_memory, **limits)

@@ -55,8 +55,3 @@ def test_limits_fail_their_model_with_the_reason(zoo_dir, tmp_path, capsys):
     assert main(["zoo", model, "--out", str(tmp_path), "--max-memory", "40"]) == 2
     _, err = _rows(capsys)
     assert "apsat: zfnet512: memory limit 40 MiB exceeded" in err
-
-
-def test_dask_needs_a_scheduler(tmp_path, capsys):
-    assert main(["zoo", str(tmp_path), "--executor", "dask", "--out", str(tmp_path)]) == 2
-    assert "--scheduler" in capsys.readouterr().err
