@@ -190,8 +190,9 @@ def cmd_zoo(args) -> int:
     from apsat.cli.zoo import report_zoo, run_zoo, zoo_tasks
 
     tasks = zoo_tasks(args, optimize_keywords, _shapes_for)
-    console = _console()
-    return report_zoo(run_zoo(args, tasks, console), args, console)
+    console, start = _console(), time.perf_counter()
+    rows = run_zoo(args, tasks, console)
+    return report_zoo(rows, args, console, time.perf_counter() - start)
 
 
 def cmd_extract(args) -> int:

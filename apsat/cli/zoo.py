@@ -85,7 +85,7 @@ def run_zoo(args, tasks, console) -> list[dict]:
         return run_local(tasks, jobs=args.jobs, max_memory_mib=args.max_memory, **limits)
 
 
-def report_zoo(rows: list[dict], args, console) -> int:
+def report_zoo(rows: list[dict], args, console, wall_seconds: float = 0.0) -> int:
     """Print the summary and the failures, write index.html; the exit status."""
     from rich.console import Console
 
@@ -100,7 +100,7 @@ def report_zoo(rows: list[dict], args, console) -> int:
             print(f"apsat: {r['model']}: {r.get('error', r['status'])}", file=sys.stderr)
         elif r.get("backend_error"):
             print(f"apsat: {r['model']}: backend: {r['backend_error']}", file=sys.stderr)
-    _write_html(rows, args, console)
+    _write_html(rows, args, console, wall_seconds)
     out.print(f"reports written under {args.out}/")
     statuses = [r.get("stored_status", r["status"]) for r in rows]
     if "interrupted" in statuses:
@@ -112,11 +112,15 @@ def report_zoo(rows: list[dict], args, console) -> int:
     return EXIT_BACKEND_FAILED if any(r.get("backend_error") for r in rows) else EXIT_OK
 
 
-def _write_html(rows, args, console):
-    """index.html beside the reports (apsat.pipeline.report_html)."""
+def _write_html(rows, args, console, wall_seconds: float):
+    """index.html beside the reports (apsat.pipeline.report_html); a note, not a failure,
+    when it cannot be written (the results are stored either way)."""
+    from apsat.pipeline.report_html import write_report
+
     try:
-        from apsat.pipeline.report_html import write_report
-    except ImportError:        # pragma: no cover - the report module ships with apsat
+        path = write_report(rows, args.out, title="apsat zoo",
+                            meta={"target": args.target, "wall_seconds": wall_seconds})
+    except (ApsatError, OSError) as e:
+        print(f"apsat: note: no HTML report: {e}", file=sys.stderr)
         return
-    path = write_report(rows, args.out, title="apsat zoo", meta={"target": args.target})
     console.print(f"report: {path}")

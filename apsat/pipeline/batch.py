@@ -125,7 +125,7 @@ def summary(report: dict) -> dict:
     return {"status": "mismatch" if failed(report) else "ok", "backend_error": compile_failures(report),
             "speedup": (report.get("extraction") or {}).get("modelled_speedup"),
             "kernels": (gpu.get("totals") or {}).get("kernels"),
-            "cycles": (systolic.get("cycles") or {}).get("total") if isinstance(systolic.get("cycles"), dict) else None,
+            "cycles": (systolic.get("cycles") or {}).get("total_cycles"),
             "onnx_nodes": sum((report.get("ops_before") or {}).values()),
             "egraph_nodes": (report.get("egraph") or {}).get("nodes"),
             "phases": [{"phase": p.get("phase"), "nodes": p.get("nodes"), "seconds": p.get("seconds")}
