@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from apsat.frontend.limits import MAX_ELEMENTS
 from apsat.frontend.node_shapes import infer_node
 
 
@@ -230,6 +231,11 @@ def fold(node, inputs: list, opsets: dict[str, int], out_types: list[int]) -> li
     cast to them. Raises FoldError."""
     opset = opsets.get(node.domain or "", opsets.get("", 1))
     folder = FOLDERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    inferred = infer_node(node, inputs, opsets, probe=False)
+    for _, dims in inferred:           # before numpy or onnxruntime allocates the result
+        if dims is not None and int(np.prod(dims, dtype=object)) > MAX_ELEMENTS:
+            raise FoldError(f"cannot fold at import: its output has dims {dims}, over apsat's limit "
+                            f"of 2**30 elements per tensor")
     outs = None
     if folder is not None:
         try:
@@ -239,7 +245,6 @@ def fold(node, inputs: list, opsets: dict[str, int], out_types: list[int]) -> li
         except Exception as e:        # numpy's own complaint, on one line
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise FoldError(f"cannot fold at import: {why}") from None
-    inferred = infer_node(node, inputs, opsets, probe=False)
     out_types = [t or it for t, (it, _) in zip(list(out_types) + [0] * len(inferred), inferred)]
     if outs is None:                  # no numpy folder for this case: onnxruntime folds it
         outs = _fold_with_ort(node, inputs, opsets, out_types)

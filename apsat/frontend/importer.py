@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 from apsat.frontend.builder import Builder
 from apsat.frontend.folding import Const, FoldError, fold, fold_shape
 from apsat.frontend.lowering import LOWERINGS, BadAttribute, NodeCtx, NodeProblem
+from apsat.frontend.limits import check_declarations, check_dims, check_no_nan, check_one_d, check_strings
 from apsat.frontend.lowering_tensor import Unlowerable
 from apsat.frontend.node_shapes import VALUE_DEPENDENT_SHAPES, infer_node
 from apsat.frontend.reading import (FLOAT_TYPES, check_structure, file_prefix, first_line, infer_and_check,
@@ -56,8 +57,12 @@ def load_onnx(source, input_shapes: dict | None = None) -> Model:
     start = time.perf_counter()
     proto, path = read_model(source)
     label = str(path) if path else ""
+    check_strings(proto, label)
     check_structure(proto, label)
+    check_declarations(proto, label)
     inputs, notices = true_inputs(proto, input_shapes or {}, label)
+    for name, dims in inputs.items():         # before anything is allocated for them
+        check_dims(label, f"input {name!r}", dims)
     skeleton = model_skeleton(proto, inputs)
     info, complaint = infer_and_check(skeleton, label)
     importer = Importer(proto, inputs, info, label)
@@ -121,7 +126,13 @@ class Importer:
             self.env[name] = self.b.tensor(name)
         for init in self.graph.initializer:
             if init.name not in self.inputs and init.name in self.used:
-                self.env[init.name] = Const(_tensor_array(init), weight=True)
+                check_dims(self.label, f"initializer {init.name!r}", init.dims, empty_ok=True)
+                try:
+                    self.env[init.name] = Const(_tensor_array(init), weight=True)
+                except ValueError as e:   # data that does not fill the dims, or a bad type
+                    raise ModelError(f"{file_prefix(self.label)}initializer {init.name!r} of dims "
+                                     f"{tuple(init.dims)}: {first_line(e)}") from None
+                check_no_nan(self.label, init.name, self.env[init.name].value)
         for idx, node in enumerate(self.graph.node):
             if idx in self.live:
                 self._node(idx, node)
@@ -167,6 +178,7 @@ class Importer:
         while name in self.tensor_shapes:
             name, k = f"{base}_{k}", k + 1
         arr = np.asarray(array)
+        check_dims(self.label, f"value {base!r}", arr.shape)
         self.weights[name] = arr if arr.dtype == np.float32 else arr.astype(np.float32)
         self.tensor_shapes[name] = tuple(arr.shape)
         return self.b.tensor(name)
@@ -175,8 +187,14 @@ class Importer:
 
     def _node(self, idx: int, node):
         where = self._where(idx, node)
+        for name in node.output:              # refused before folding allocates them
+            dims = self.info.get(name, (0, None))[1] if name and self.is_used(name) else None
+            if dims is not None:
+                check_dims(where, f"output {name!r}", dims, empty_ok=True)
         default = node.domain in ("", "ai.onnx")
         ins = [self.env[n] if n else None for n in node.input]
+        check_one_d(where, node, lambda k: None if ins[k] is None else
+                    ins[k].value.shape if isinstance(ins[k], Const) else self.b.dims(ins[k]))
         if default and node.op_type in ("Shape", "Size") and ins and ins[0] is not None:
             dims = ins[0].value.shape if isinstance(ins[0], Const) else self.b.dims(ins[0])
             self.env[node.output[0]] = Const(fold_shape(node, tuple(dims)))   # dims are static
@@ -198,6 +216,7 @@ class Importer:
                 if expect is not None and expect != self.b.dims(term):
                     raise ModelError(f"{where}: output {name!r} lowers to dims {self.b.dims(term)} "
                                      f"but onnx infers {expect}")
+                check_dims(where, f"output {name!r}", self.b.dims(term))
                 self.env[name] = term
 
     @staticmethod
@@ -313,6 +332,7 @@ class Importer:
                        if node.op_type in VALUE_DEPENDENT_SHAPES else
                        "cannot be determined (neither onnx's inference nor a run of the node says)")
                 raise ModelError(f"{where}: {what}, and the shape of its output {name!r} {why}")
+            check_dims(where, f"output {name!r}", dims)
             self.opaque_nodes[name] = OpaqueNode(
                 node=node.SerializeToString(), arg_inputs=tuple(arg_inputs), constants=constants,
                 input_types=tuple(types), output_index=k,

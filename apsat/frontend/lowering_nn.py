@@ -140,6 +140,8 @@ def _grouped(b, x, w, g, xdims, m, kernel, strides, dil, out):
 # ---- pooling --------------------------------------------------------------------------------
 
 def _pool_kernel(ctx, rank):
+    if rank < 3:
+        ctx.fail(f"input {ctx.node.input[0]!r} has {rank} dims; pooling needs (N, C, spatial...)")
     kernel = ctx.ints("kernel_shape", None)
     if kernel is None or len(kernel) != rank - 2 or min(kernel) < 1:
         ctx.bad_attr("kernel_shape", f"needs {rank - 2} positive values, got {kernel}")

@@ -224,7 +224,7 @@ def _type_mismatch(model, info: dict) -> str | None:
             if formal is None:
                 continue
             ok = allowed.get(formal.type_str, {formal.type_str})
-            if type_name(info[name][0]) not in ok and any(t.startswith("tensor(") for t in ok):
+            if type_name(info[name][0]) not in ok:      # info holds tensors only: a seq(...) is refused
                 return (f"node {node.name or node.op_type} ({node.op_type}): input {name!r} is "
                         f"{type_name(info[name][0])}, which its {formal.type_str} does not allow "
                         f"({', '.join(sorted(ok)[:8])}{', ...' if len(ok) > 8 else ''})")

@@ -353,7 +353,7 @@ def evaluate(program: Program, tensors: dict):
     uses, opaque_only = _consumers(program, order)
     ev = _Evaluation(program, tensors, opaque_only)
     values: dict[Term, object] = {}
-    with np.errstate(divide="ignore", over="ignore"):   # inf results are legitimate values
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):   # inf and NaN results are values
         for term in order:
             children = list(term.children())
             fn = EVALUATORS[term.op]

@@ -17,6 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from apsat.pipeline.inputs import random_inputs  # noqa: F401  (the zoo's inputs; re-exported)
+from apsat.errors import ModelError
 
 
 def light_model_paths() -> list[Path]:
@@ -113,10 +114,15 @@ def ort_run(model_proto: onnx.ModelProto, inputs: dict) -> dict[str, np.ndarray]
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3
-    sess = ort.InferenceSession(model_proto.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, inputs)))
+    try:
+        sess = ort.InferenceSession(model_proto.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        return dict(zip(names, sess.run(names, inputs)))
+    except Exception as e:   # the oracle refuses the model: an unregistered op, an old opset, ...
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"onnxruntime cannot run the model, so it cannot be verified "
+                         f"(--no-verify skips it): {text}") from None
 
 
 def softmax_logits(model_proto: onnx.ModelProto) -> list[str]:

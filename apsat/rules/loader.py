@@ -28,6 +28,10 @@ PRIMITIVES = set("+ - * / % << >> & | ^ < > <= >= = != min max not and or abs lo
                  "to-f64 to-i64 neg sqrt-f64 bool-= bool-< bool-> replace count-matches "
                  "union set let delete subsume".split())
 REFUSED_ACTIONS = {"panic", "extract", "print-function", "input", "output", "include"}
+# Limits, checked before egglog sees a file (the built-in files: 5-20 KB, at most 26 rules,
+# nesting 16 deep). Past them egglog overflows its stack or takes gigabytes.
+MAX_FILE_BYTES, MAX_FORMS, MAX_NESTING = 1 << 20, 500, 100
+_INT = re.compile(r"[-+]?\d+")
 _IDENT = re.compile(r"[A-Za-z_?][\w\-?!*+/<>=.]*")
 
 
@@ -184,19 +188,41 @@ class _Checker:
                 self.fail(a.line, f"variable '{a.text}' on the {where} is not bound by the left side")
 
 
+def _check_limits(path: Path, forms: list) -> None:
+    """RuleError past MAX_FORMS top-level forms or MAX_NESTING levels of parentheses, and
+    for an integer literal outside egglog's i64."""
+    if len(forms) > MAX_FORMS:
+        raise RuleError(f"{path}:{forms[MAX_FORMS].line}: more than {MAX_FORMS} rules and "
+                        f"declarations in one file (the limit)")
+    for form in (f for f in forms if isinstance(f, Form)):    # atoms: the caller refuses them
+        stack = [(form, 1)]
+        while stack:
+            node, depth = stack.pop()
+            if depth > MAX_NESTING:
+                raise RuleError(f"{path}:{node.line}: forms nest more than {MAX_NESTING} deep (the limit)")
+            stack.extend((it, depth + 1) for it in node.items if isinstance(it, Form))
+            for it in node.items:
+                if isinstance(it, Atom) and _INT.fullmatch(it.text) and not -2 ** 63 <= int(it.text) < 2 ** 63:
+                    raise RuleError(f"{path}:{it.line}: integer {it.text} does not fit in i64")
+
+
 def parse_rule_file(path, known_rulesets: set[str], signatures: dict) -> RuleFile:
     """Validate one rule file. `known_rulesets`: rulesets defined by files loaded before
     (a file may add rules to them but not declare them again). `signatures` is updated
     with the file's helper declarations."""
     path = Path(path)
     try:
-        text = path.read_text()
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise RuleError(f"{path}:1: rule file of {path.stat().st_size} bytes, over the limit of "
+                            f"{MAX_FILE_BYTES} (1 MiB)")
+        text = path.read_text(encoding="utf-8-sig")      # a byte-order mark is not text
     except (OSError, UnicodeDecodeError) as exc:
         raise RuleError(f"{path}:1: cannot read rule file ({exc.__class__.__name__})") from None
     try:
         forms = read_forms(text)
     except SexprError as exc:
         raise RuleError(f"{path}:{exc.line}: syntax error: {exc.reason}") from None
+    _check_limits(path, forms)
     out = RuleFile(path)
     rulesets = set(known_rulesets)
     check = _Checker(path, signatures, rulesets)

@@ -238,3 +238,131 @@ def test_mismatched_input_types_are_refused(capfd):
                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
     expect_error(capfd, model, "Conv", "'w' is double but 'x' is float", "type T must agree")
+
+
+# ---- found by benchmarks/fuzz.py: each was a traceback, an allocation or an onnxruntime
+# failure after import; each is now a one-line ModelError at import ------------------------
+
+BIG = [2 ** 20, 2 ** 20]      # 2**40 elements: refused from the dims, nothing allocated
+
+
+def _huge_initializer():
+    """An Add whose weight declares BIG dims and holds no data."""
+    model = _graph_model([helper.make_node("Add", ["x", "w"], ["y"])], [_fvi("x", [1, 1])], [_fvi("y", None)])
+    w = model.graph.initializer.add()
+    w.name, w.data_type, w.raw_data = "w", TensorProto.FLOAT, b""
+    w.dims.extend(BIG)
+    return model
+
+
+@pytest.mark.parametrize("op, x_dims, const", [
+    ("Relu", BIG, None),
+    ("Tile", [2, 3], np.array(BIG, np.int64)),
+    ("Expand", [1, 1], np.array(BIG, np.int64)),
+    ("ConstantOfShape", None, np.array(BIG, np.int64)),
+    ("Pad", [2, 3], np.array([0, 0] + BIG, np.int64)),
+], ids=["input", "tile", "expand", "constant-of-shape", "pad"])
+def test_huge_tensors_are_refused_before_allocating(capfd, op, x_dims, const):
+    inputs = ([_fvi("x", x_dims)] if x_dims else [])
+    inits = [onnx.numpy_helper.from_array(const, "s")] if const is not None else []
+    names = (["x"] if x_dims else []) + (["s"] if const is not None else [])
+    model = _graph_model([helper.make_node(op, names, ["y"])], inputs, [_fvi("y", None)], inits)
+    expect_error(capfd, model, "elements", "over apsat's limit of 2**30 per tensor")
+
+
+def test_huge_initializer_without_data(capfd):
+    expect_error(capfd, _huge_initializer(), "initializer 'w' has 1099511627776 elements")
+
+
+def test_initializer_whose_data_does_not_fill_its_dims(capfd):
+    model = _huge_initializer()
+    del model.graph.initializer[0].dims[:]
+    model.graph.initializer[0].dims.extend([2, 3])
+    expect_error(capfd, model, "initializer 'w' of dims (2, 3): cannot reshape array of size 0")
+
+
+@pytest.mark.parametrize("model, fragment", [
+    (_graph_model([helper.make_node("ConstantOfShape", ["s"], ["y"])], [], [_fvi("y", None)],
+                  [onnx.numpy_helper.from_array(np.array([0, 4], np.int64), "s")]), "value 'y' has no elements"),
+    (_graph_model([helper.make_node("Slice", ["x", "a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+                  [_fvi("x", [4, 3])], [_fvi("y", None)],
+                  [onnx.numpy_helper.from_array(np.array([2], np.int64), n) for n in "ab"]),
+     "Slice node 0: output 's' has no elements"),
+], ids=["constant-of-shape", "slice"])
+def test_empty_tensors_are_refused(capfd, model, fragment):
+    """A zero-element value reached the gpu backend's tiling (ZeroDivisionError)."""
+    expect_error(capfd, model, fragment, "non-empty")
+
+
+def test_output_without_element_type(capfd):
+    """onnxruntime refuses such a model ("Invalid tensor data type 0") when verifying."""
+    model = _graph_model([helper.make_node("Relu", ["x"], ["y"])], [_fvi("x", [2])],
+                         [helper.make_tensor_value_info("y", 0, [2])])
+    expect_error(capfd, model, "graph output 'y' has element type 0 (undefined)")
+
+
+def test_input_of_no_onnx_element_type(capfd):
+    """The enum's name lookup raised a bare ValueError."""
+    model = _graph_model([helper.make_node("Relu", ["x"], ["y"])], [_fvi("x", [2])], [_fvi("y", [2])])
+    model.graph.input[0].type.tensor_type.elem_type = 12345
+    expect_error(capfd, model, "graph input 'x' has element type 12345 (not an ONNX type)")
+
+
+def test_input_of_a_type_the_op_does_not_take(capfd):
+    """A float HannWindow size: onnx's checker passed it, onnxruntime refused the model."""
+    model = _graph_model([helper.make_node("HannWindow", ["x"], ["y"])], [_fvi("x", [])], [_fvi("y", None)])
+    expect_error(capfd, model, "HannWindow", "input 'x' is tensor(float)", "does not allow", "tensor(int64)")
+
+
+@pytest.mark.parametrize("opsets, fragment", [
+    ((("", 17), ("", 99)), "imported twice (17 and 99)"),
+    ((("", 999),), "opset 999 of the default domain"),
+    ((("", 5),), "opset 5 of the default domain: apsat takes 7"),
+    ((("", 17), ("com.example", 0)), "opset 0 of domain 'com.example'"),
+])
+def test_bad_opset_imports(capfd, opsets, fragment):
+    model = _graph_model([helper.make_node("Relu", ["x"], ["y"])], [_fvi("x", [2])], [_fvi("y", [2])],
+                         opsets=opsets)
+    expect_error(capfd, model, fragment)
+
+
+def test_reshape_shape_must_be_1d(capfd):
+    """onnxruntime refuses a 2-D shape tensor at run time; the fold read it flattened."""
+    model = _single_unchecked("Reshape", [(2, 6), np.array([[3], [4]], np.int64)], {})
+    expect_error(capfd, model, "Reshape node 0", "input 'x1' must be 1-D, has dims (2, 1)")
+
+
+def test_nan_weights_are_refused(capfd):
+    w = np.ones((4, 3, 3, 3), np.float32)
+    w[1, 2, 0, 0] = np.nan
+    model = _single_unchecked("Conv", [(1, 3, 8, 8), w], {})
+    expect_error(capfd, model, "initializer 'x1' holds 1 NaN value(s) among its 108 elements")
+
+
+def test_inf_weights_still_import():
+    """-inf is how attention masks are written: only NaN is refused."""
+    mask = np.array([0.0, -np.inf], np.float32)
+    model = _single_unchecked("Add", [(2, 2), mask], {})
+    assert load_onnx(model).weights
+
+
+@pytest.mark.parametrize("name, fragment", [
+    (b"graph_nm", "'name' of a GraphProto"), (b"node_in", "'input' of a NodeProto"),
+    (b"weight_w", "'name' of a TensorProto")])
+def test_strings_that_are_not_utf8(capfd, tmp_path, name, fragment):
+    """A bit flip in a name: protobuf parsed it as bytes, and the skeleton's copy raised
+    UnicodeDecodeError."""
+    model = _graph_model([helper.make_node("Add", ["node_in", "weight_w"], ["y"])], [_fvi("node_in", [2])],
+                         [_fvi("y", [2])], [onnx.numpy_helper.from_array(np.ones(2, np.float32), "weight_w")])
+    model.graph.name = "graph_nm"
+    data = model.SerializeToString()
+    at = data.find(name) if name != b"weight_w" else data.rfind(name)
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(data[:at + 2] + b"\xac" + data[at + 3:])
+    expect_error(capfd, path, "bad.onnx: corrupt ONNX file", fragment, "is not UTF-8 text")
+
+
+def test_a_tensor_where_the_op_takes_a_sequence(capfd):
+    """SequenceErase of a tensor: onnxruntime refused the model while verifying."""
+    model = _graph_model([helper.make_node("SequenceErase", ["x"], ["y"])], [_fvi("x", [2])], [_fvi("y", None)])
+    expect_error(capfd, model, "SequenceErase", "input 'x' is tensor(float)", "does not allow", "seq(tensor(float))")
