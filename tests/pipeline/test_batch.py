@@ -99,3 +99,31 @@ def test_a_killed_worker_is_a_row(small_models, tmp_path):
     rows = run_local(_tasks(small_models, tmp_path), jobs=1, on_event=kill_on_import)
     assert all(r["status"] == "failed" for r in rows)
     assert "worker died (killed by signal SIGKILL) in phase import" in rows[0]["error"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_every_finished_result(small_models, tmp_path):
+    """KeyboardInterrupt (here raised when the first model finishes) stops the workers;
+    the finished model's result is stored and its row kept, the others are "interrupted"."""
+    store = ResultStore(tmp_path)
+
+    def interrupt_after_first(kind, what, detail):
+        if kind == "done":
+            raise KeyboardInterrupt
+
+    rows = run_local(_tasks(small_models, tmp_path), jobs=1, store=store, on_event=interrupt_after_first)
+    assert [r["status"] for r in rows] == ["ok", "interrupted"]
+    assert len(list(store.root.glob("*.json"))) == 1
+
+
+def test_progress_view_counts_and_estimates():
+    from apsat.cli.progress import BatchProgress
+
+    view = BatchProgress(total=4, jobs=2)
+    view.on_event("start", "a", 101)
+    view.on_event("phase", "a", "saturate")
+    assert view.running["a"][0] == "saturate" and view.eta_seconds() is None
+    view.on_event("done", {"model": "a", "status": "ok", "seconds": 10.0}, None)
+    view.on_event("reused", {"model": "b", "status": "reused"}, None)
+    assert view.counts == {"done": 1, "failed": 0, "reused": 1} and not view.running
+    assert view.eta_seconds() == pytest.approx(10.0 * 2 / 2)       # two left, two workers
