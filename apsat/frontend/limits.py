@@ -3,8 +3,10 @@ cannot take: tensor sizes (refused before anything is allocated), element types 
 imports. Each problem is a one-line ModelError naming the value, node or domain.
 
 MAX_ELEMENTS bounds every tensor the importer meets (graph inputs, values onnx infers,
-lowered and folded values): 2**30 elements, 4 GiB as float32, which is onnxruntime's own
-limit on one tensor, so a model past it could not be verified anyway. Empty tensors (a
+lowered and folded values): 2**30 elements, 4 GiB as float32, far above any tensor of the
+light or real zoo (VGG-19's largest weight has 102.8M elements); a larger one is far more
+likely a corrupt dim than a model, and refusing it from its dims keeps numpy and
+onnxruntime from trying to allocate it. Empty tensors (a
 zero dim) are refused where they would become values of the program: its kernels and cost
 models assume at least one element. Constants folded at import may be empty (shape
 arithmetic often slices to nothing).
