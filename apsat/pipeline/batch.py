@@ -180,6 +180,8 @@ def run_local(tasks: list[Task], jobs: int = 1, timeout: float = DEFAULT_TIMEOUT
             _emit(on_event, "reused", rows[task.name], None)
         else:
             pending.append(task)
+    # largest model files first: a big model started last would run alone at the end
+    pending.sort(key=lambda t: -_file_size(t.path))
     ctx, running = _context(), {}
     events = ctx.Queue()
     try:
@@ -259,6 +261,13 @@ def _finished(run: _Running, timeout: float, max_memory_mib: float) -> dict | No
         return {**base, "error": f"memory limit {max_memory_mib:g} MiB exceeded ({rss:.0f} MiB) "
                                  f"in phase {run.phase}"}
     return None
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _rss_mib(pid: int) -> float | None:

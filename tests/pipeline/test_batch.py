@@ -112,7 +112,7 @@ def test_ctrl_c_keeps_every_finished_result(small_models, tmp_path):
             raise KeyboardInterrupt
 
     rows = run_local(_tasks(small_models, tmp_path), jobs=1, store=store, on_event=interrupt_after_first)
-    assert [r["status"] for r in rows] == ["ok", "interrupted"]
+    assert sorted(r["status"] for r in rows) == ["interrupted", "ok"]
     assert len(list(store.root.glob("*.json"))) == 1
 
 
