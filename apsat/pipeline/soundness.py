@@ -33,7 +33,7 @@ from apsat.lang.term import ATTRIBUTE_OPS, Term, postorder
 from apsat.extract.check import InvalidExtraction, check_extraction
 from apsat.extract.decode import decode, expr_child_classes, language_graph, node_args
 from apsat.extract.tree import extract_tree
-from apsat.rules.loader import BUILTIN_DIR
+from apsat.rules.loader import BUILTIN_DIR, positional
 from apsat.rules.sexpr import Atom, Form, calls, read_forms
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -147,16 +147,6 @@ def user_rules(eg) -> list:
     return [r for rf in (library.files if library else []) if rf.path.parent != BUILTIN_DIR for r in rf.rules]
 
 
-def _positional(items: list) -> list:
-    """A form's items before its first `:keyword`."""
-    out = []
-    for it in items:
-        if isinstance(it, Atom) and it.text.startswith(":"):
-            break
-        out.append(it)
-    return out
-
-
 def _expr_form(node) -> bool:
     """A pattern headed by an Expr constructor (not an operator, list or relation)."""
     return isinstance(node, Form) and SORT_OF.get(node.head) == "Expr"
@@ -171,7 +161,7 @@ def site_probes(rule) -> tuple[list[tuple[str, str]], set[str]]:
     the constructors its right sides build (members made of them are checked first)."""
     form = read_forms(rule.text)[0]
     text = (lambda n: n.text if isinstance(n, Atom) else rule.text[n.start:n.end])
-    pos = _positional(form.items[1:])
+    pos = positional(form.items[1:])
     if form.head in ("rewrite", "birewrite") and len(pos) == 2:
         items = form.items[1:]
         when = next((items[i + 1] for i, it in enumerate(items[:-1])

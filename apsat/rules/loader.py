@@ -95,8 +95,8 @@ def _keyword(items: list, key: str):
     return None
 
 
-def _positional(items: list) -> list:
-    """Items before the first `:keyword`."""
+def positional(items: list) -> list:
+    """A form's items before its first `:keyword` (`:when`, `:ruleset`, ...)."""
     out = []
     for it in items:
         if isinstance(it, Atom) and it.text.startswith(":"):
@@ -149,7 +149,7 @@ class _Checker:
         return rs.text
 
     def rewrite(self, form: Form) -> None:
-        pos = _positional(form.items[1:])
+        pos = positional(form.items[1:])
         if len(pos) != 2:
             self.fail(form.line, f"{form.head} needs a left and a right side, got {len(pos)} parts")
         lhs, rhs = pos
@@ -167,7 +167,7 @@ class _Checker:
             self.unbound(lhs, _bound(rhs) | (_bound(when) if when is not None else set()), "left side")
 
     def rule(self, form: Form) -> None:
-        pos = _positional(form.items[1:])
+        pos = positional(form.items[1:])
         if len(pos) != 2 or not all(isinstance(p, Form) for p in pos):
             self.fail(form.line, "rule needs a query list and an action list")
         query, actions = pos
