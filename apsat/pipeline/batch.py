@@ -172,9 +172,10 @@ def run_local(tasks: list[Task], jobs: int = 1, timeout: float = DEFAULT_TIMEOUT
     stops the workers and returns the rows finished so far (others "interrupted")."""
     rows: dict[str, dict] = {}
     pending = []
+    # each model file hashed once: to look its result up and to store it
+    keys = {t.name: t.key() for t in tasks} if store is not None else {}
     for task in tasks:
-        key = None if force or store is None else task.key()
-        record = None if key is None else store.load(key)
+        record = None if force or keys.get(task.name) is None else store.load(keys[task.name])
         if record is not None:
             rows[task.name] = {**record["row"], "status": "reused", "stored_status": record["row"]["status"]}
             _emit(on_event, "reused", rows[task.name], None)
@@ -199,7 +200,7 @@ def run_local(tasks: list[Task], jobs: int = 1, timeout: float = DEFAULT_TIMEOUT
                 if row is not None:
                     del running[name]
                     rows[name] = row
-                    key = run.task.key() if store is not None and row["status"] in ("ok", "mismatch") else None
+                    key = keys.get(name) if row["status"] in ("ok", "mismatch") else None
                     if key is not None:
                         store.save(key, {"row": row, "task": _jsonable(asdict(run.task))})
                     _emit(on_event, "done", row, None)
