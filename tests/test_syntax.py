@@ -35,8 +35,14 @@ EXAMPLES = [
     "(compute reduce-sum (access (access-tensor m) 1)))",
     "(compute (lrn 5 0.0001 0.75 1.0) (access (access-tensor t) 0))",
     "(compute (layer-norm 1e-05) (access (access-tensor m) 1))",
+    "(compute (rms-norm 1e-06) (access (access-tensor m) 1))",
     "(systolic-array 27 8 (access (access-tensor x) 1) "
     "(access (access-transpose (access (access-reshape (access-tensor w) (access-shape (shape 8) (shape 27))) 1) (list 1 0)) 0))",
+    "(attention 1 (access-pair (access-broadcast (access-reshape (access-tensor m) (access-shape (shape 4 1) (shape 6))) "
+    "(access-shape (shape 4 4) (shape 6))) (access-broadcast (access-reshape (access-tensor m) "
+    "(access-shape (shape 1 4) (shape 6))) (access-shape (shape 4 4) (shape 6)))) (access-literal 0.0) "
+    "(access-broadcast (access-reshape (access-transpose (access-tensor m) (list 1 0)) (access-shape (shape 1 6) (shape 4))) "
+    "(access-shape (shape 4 6) (shape 4))))",
     '(opaque node0 (args (access-tensor m) (access-tensor v)) (shape 4 6))',
     "(compute (chain (chain elementwise-mul (clip -1.0 6.0)) sqrt) "
     "(access-pair (access (access-tensor m) 1) (access (access-tensor m) 1)))",

@@ -49,3 +49,11 @@ def systolic_flops(operator, out, args) -> float:
     """`systolic-array rows cols a b`: a ((batch), (rows)) by ((), (rows, cols)) product."""
     (batch, _), (_, (rows, cols)) = args[0], args[1]
     return 2.0 * math.prod(batch) * rows * cols
+
+
+def attention_flops(operator, out, args) -> float:
+    """`attention`: the scores (a multiply and an add per d, the bias add), the softmax
+    (max, exp, sum, scale: 4 per score) and p.v (a multiply and an add per n) per output."""
+    (iq, (_, d)), _, (iv, (n,)) = args
+    scores = math.prod(iq)
+    return float(scores * (2 * d + 1 + 4) + elements(out) * 2 * n)

@@ -202,6 +202,19 @@ def _fused_dot_bias_act(ev, term, vals):
     return apply_compute(op.op, op.args, y, y.ndim)
 
 
+@lazy_ok
+def _attention(ev, term, vals):
+    """softmax(qk's products + bias) . v over n, in float32 (the registry entry's doc)."""
+    safe = term.args[0]
+    qk, bias, v = vals
+    n_iter = ev.n_iter(term.args[1])
+    s = apply_compute("dot-product", (), qk, n_iter) + dense(bias)
+    p = apply_compute("softmax", (), s, n_iter - 1)
+    if safe:
+        p = np.where(np.isnan(p), np.float32(0.0), p)
+    return np.einsum("...n,...en->...e", p, dense(v), dtype=np.float32)
+
+
 # ---- opaque calls (onnxruntime) -------------------------------------------------------------
 
 def _opaque_key(node: OpaqueNode) -> bytes:
@@ -321,6 +334,7 @@ EVALUATORS: dict = {
     "opaque": _opaque,
     "fused-dot-bias": _fused_dot_bias,
     "fused-dot-bias-act": _fused_dot_bias_act,
+    "attention": _attention,
 }
 
 

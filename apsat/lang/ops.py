@@ -124,6 +124,16 @@ OPS: dict[str, OpSpec] = {s.name: s for s in [
            "(one of ops.ACTIVATIONS) applied to every element: "
            "out = OP(fused-dot-bias a b bias), shape ((ia ++ ib), ()).",
            "kernel atom, produced only by the fusion rules", "atom", ar.fused_dot_flops),
+    OpSpec("attention", ("int", "expr", "expr", "expr"), sh.attention,
+           "Kernel atom: scaled dot-product attention, softmax(q.k + bias).v, the scores never "
+           "stored. `attention SAFE qk bias v`: qk ((I.., m, n), (2, d)) pairs each query row "
+           "with each key (as the importer's batched Q.K^T); bias ((I.., m, n), ()) is added to "
+           "the scores (a mask; `(access-literal 0.0)` for none); v ((I.., m, e), (n)) holds the "
+           "values, read along n. s = sum_d qk[.., 0, d] * qk[.., 1, d] + bias; p = softmax of s "
+           "over n (with SAFE 1 a row whose softmax is NaN, every score -inf, becomes 0, as "
+           "exporters' Where(IsNaN(p), 0, p)); out[I.., m, e] = sum_n p[.., n] * v[.., m, e, n], "
+           "shape ((I.., m, e), ()).",
+           "kernel atom, produced only by the attention rules", "atom", ar.attention_flops),
 ]}
 
 COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
@@ -152,6 +162,10 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
     ComputeSpec("layer-norm", ("float",), "item",
                 "(x - mean) / sqrt(var + eps) over all item dims (no scale, no bias).",
                 ("LayerNormalization",), flops_out=8, evaluate=sem.layer_norm),
+    ComputeSpec("rms-norm", ("float",), "item",
+                "x / sqrt(mean(x * x) + eps) over all item dims (RMSNorm; no scale).",
+                "produced by the norm-fusion rules from the Pow/ReduceMean/Add/Sqrt/Div/Mul "
+                "chain exporters write for T5 and Llama", flops_out=5, evaluate=sem.rms_norm),
     ComputeSpec("lrn", ("int", "float", "float", "float"), "item",
                 "ONNX LRN (size, alpha, beta, bias) across the first item axis.", ("LRN",), flops_out=12,
                 axis_needed="item needs a channel axis", local=True, first_axis=True, evaluate=sem.lrn),

@@ -230,6 +230,13 @@ def layer_norm(x, n_iter, params):
     return centred / np.sqrt(var + np.float32(params[0]))
 
 
+def rms_norm(x, n_iter, params):
+    """x / sqrt(mean(x * x) + eps) over all item axes."""
+    axes = _item_axes(x, n_iter)
+    ms = np.mean(x * x, axis=axes, keepdims=True, dtype=np.float32)
+    return x / np.sqrt(ms + np.float32(params[0]))
+
+
 def lrn(x, n_iter, params):
     """ONNX LRN across the first item axis (channels c):
     square_sum[c] = sum of x[c']^2 for c' in [c - floor((size-1)/2), c + ceil((size-1)/2)]

@@ -209,6 +209,19 @@ def fused_dot_bias_act(args, shapes, env):
     return _fused_dot(args[1:], shapes, env, "fused-dot-bias-act")
 
 
+def attention(args, shapes, env):
+    """`attention SAFE qk bias v`: qk ((I.., m, n), (2, d)), bias ((I.., m, n), ()) or a
+    scalar ((), ()), v ((I.., m, e), (n)) -> ((I.., m, e), ())."""
+    (iq, tq), (ib, tb), (iv, tv) = shapes
+    _check(args[0] in (0, 1), f"attention: SAFE is {args[0]}, not 0 or 1")
+    _check(len(iq) >= 2 and len(tq) == 2 and tq[0] == 2,
+           f"attention: scores operand {(iq, tq)} is not ((.., m, n), (2, d))")
+    _check(len(iv) == len(iq) and iv[:-1] == iq[:-1] and tv == iq[-1:],
+           f"attention: values operand {(iv, tv)} is not (({iq[:-1]} + (e,)), ({iq[-1]},))")
+    _check(ib + tb in ((), iq), f"attention: bias shape {(ib, tb)} is not (({iq}), ()) or a scalar")
+    return (iv, ())
+
+
 # ---- compute operators: the item rule of each kind ------------------------------------------
 
 def item_shape(spec, params: tuple, item: tuple) -> tuple:

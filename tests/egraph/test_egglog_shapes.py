@@ -58,6 +58,7 @@ PROGRAMS = [
     (f"(compute (lrn 5 0.0001 0.75 1.0) {Q})", ((2,), (3, 4))),
     (f"(compute (clip 0.0 6.0) {X})", ((3,), (4,))),
     (f"(compute (layer-norm 1e-05) {X})", ((3,), (4,))),
+    (f"(compute (rms-norm 1e-06) {X})", ((3,), (4,))),
 ]
 PROGRAMS += [(f"(compute {op} {Q})", ((2,), ())) for op in ("reduce-sum", "reduce-max", "reduce-mean")]
 PROGRAMS += [(f"(compute {operator_head(op)} {Q})", ((2,), (3, 4)))   # every unary map, as registered
@@ -68,6 +69,16 @@ PROGRAMS += [  # fused atoms (fusion rules)
     (f"(fused-dot-bias {X} {Y} (access (access-tensor bias3) 1))", ((3, 3), ())),
     (f"(fused-dot-bias-act relu {X} {Y} (access (access-tensor bias3) 1))", ((3, 3), ())),
     (f"(compute gelu {X})", ((3,), (4,))),
+]
+# attention over q (2, 3, 4) as 2 heads of 3 queries and keys of width 4: QK ((2, 3, 3), (2, 4))
+QK = ("(access-pair (access-broadcast (access-reshape (access-tensor q) (access-shape (shape 2 3 1) (shape 4))) "
+      "(access-shape (shape 2 3 3) (shape 4))) (access-broadcast (access-reshape (access-tensor q) "
+      "(access-shape (shape 2 1 3) (shape 4))) (access-shape (shape 2 3 3) (shape 4))))")
+VT = ("(access-broadcast (access-reshape (access-transpose (access-tensor q) (list 0 2 1)) "
+      "(access-shape (shape 2 1 4) (shape 3))) (access-shape (shape 2 3 4) (shape 3)))")
+PROGRAMS += [  # attention atoms (attention rules): ((2, 3, 4), ()), with and without a bias
+    (f"(attention 0 {QK} (access-literal 0.0) {VT})", ((2, 3, 4), ())),
+    (f"(attention 1 {QK} (compute dot-product {QK}) {VT})", ((2, 3, 4), ())),
 ]
 PROGRAMS += [  # chain operators (fusion/chain): G's item rule over F's
     (f"(compute (chain elementwise-add relu) (access-pair {X} {Y}))", ((3,), (4,))),
@@ -165,10 +176,17 @@ BAD = [
     f"(compute (chain softmax relu) {X})",
     f"(compute (chain relu softmax) {X})",
     f"(compute (chain (chain (layer-norm 1e-05) relu) exp) {X})",
+    f"(compute (chain (rms-norm 1e-06) relu) {X})",
+    f"(compute (chain relu (rms-norm 1e-06)) {X})",
     f"(compute (chain dot-product relu) {X})",
     f"(compute (chain relu elementwise-add) {X})",
     f"(compute (chain relu (chain relu exp)) {X})",
     f"(fused-dot-bias-act (chain relu tanh) {X} {Y} (access (access-tensor bias3) 1))",
+    f"(attention 2 {QK} (access-literal 0.0) {VT})",
+    f"(attention 0 {QK} (access-literal 0.0) {QK})",
+    f"(attention 0 {QK} {X} {VT})",
+    f"(attention 0 (access (access-tensor q) 2) (access-literal 0.0) {VT})",
+    f"(attention 0 {QK} (access-literal 0.0) (access (access-tensor q) 2))",
 ]
 
 
