@@ -10,7 +10,11 @@ The same kernels as the Triton generator, from the same expressions, as one
   arithmetic included, happen while staging); the epilogue runs per output element;
 * reduce: one warp per row, eight rows a block; lanes stride over the row and combine with
   warp shuffles; softmax and layer norm take three passes over the row, like the Triton
-  kernels.
+  kernels;
+* attention: one block per (tile of ROWS query rows, batch index), one warp per query
+  row; each BN-key tile of K and V is staged in shared memory, lane j scores key j, the
+  warp keeps the online softmax (running max and sum, combined with shuffles) and each
+  lane accumulates p.v for the value columns e = lane, lane + 32, ... (no tensor cores).
 
 Arithmetic is fp32 with IEEE division and square root (nvcc's defaults; no fast math).
 Index arithmetic is 32-bit: the lowering refuses buffers of 2**31 elements or more.
@@ -32,7 +36,7 @@ import numpy as np
 from apsat.backends.gpu.emit import Dialect, axis_defs, emit, used_vars
 from apsat.backends.gpu.expr import var
 from apsat.backends.gpu.graph import Kernel
-from apsat.backends.gpu.tiling import cuda_gemm_tiles
+from apsat.backends.gpu.tiling import cuda_attention_tiles, cuda_gemm_tiles
 
 ROWS_PER_BLOCK = 8       # reduce: warps (rows) per block
 THREADS = 256
@@ -54,8 +58,8 @@ class CudaDialect(Dialect):
 
     def load(self, buf, offset, conds, varying):
         if not conds:
-            return f"{buf}[{offset}]"
-        return f"({' && '.join(conds)} ? {buf}[{offset}] : 0.0f)"
+            return f"{param(buf)}[{offset}]"
+        return f"({' && '.join(conds)} ? {param(buf)}[{offset}] : 0.0f)"
 
     def call(self, fn, a, nodes=()):
         table = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
@@ -76,6 +80,13 @@ class CudaDialect(Dialect):
 
     def assign(self, name, text):
         return f"const float {name} = {text};"
+
+
+def param(buf: str) -> str:
+    """The kernel parameter of buffer `buf`: its name with `_in` appended, so that no
+    buffer name (an input's, such as x, v or w, or a C keyword) meets a local of the
+    kernel or the language (Triton's parameters carry `_ptr` for the same reason)."""
+    return f"{buf}_in"
 
 
 def _int(name, text):
@@ -104,8 +115,9 @@ __device__ __forceinline__ float warp_max(float v) {
 
 def kernel_source(k: Kernel) -> tuple[str, dict]:
     """(CUDA source of kernel k, launch configuration {"grid", "block", "tiles"})."""
-    body, launch, extra = {"elementwise": _elementwise, "gemm": _gemm, "reduce": _reduce}[k.kind](k)
-    params = ["float* __restrict__ out"] + [f"const float* __restrict__ {r}" for r in k.reads]
+    body, launch, extra = {"elementwise": _elementwise, "gemm": _gemm, "reduce": _reduce,
+                           "attention": _attention}[k.kind](k)
+    params = ["float* __restrict__ out"] + [f"const float* __restrict__ {param(r)}" for r in k.reads]
     head = HEADER.format(name=k.name, kind=k.kind, covers=", ".join(k.covers) or k.kind)
     signature = (f'extern "C" __global__ void __launch_bounds__({launch["block"]}) '
                  f"{k.name}({', '.join(params)}) {{")
@@ -222,10 +234,83 @@ def _reduce(k: Kernel):
         lines += chunk("b", ["part += (x - mean) * (x - mean);"])
         lines.append(f"const float den = sqrtf(warp_sum(part) / (float)COLS + {d.const(k.eps)});")
         lines += chunk("c", ["const float acc = (x - mean) / den;"] + finish("acc"), True)
+    elif op == "rms-norm":
+        lines.append("float part = 0.0f;")
+        lines += chunk("a", ["part += x * x;"])
+        lines.append(f"const float den = sqrtf(warp_sum(part) / (float)COLS + {d.const(k.eps)});")
+        lines += chunk("b", ["const float acc = x / den;"] + finish("acc"), True)
     else:
         raise AssertionError(op)
     grid = (-(-rows // ROWS_PER_BLOCK), 1, 1)
     return lines, {"grid": grid, "block": 32 * ROWS_PER_BLOCK}, WARP_REDUCE
+
+
+def _attention(k: Kernel):
+    """FlashAttention in CUDA C (the module doc); the Triton kernel's online softmax, its
+    -inf guard and its SAFE rule (triton._attention)."""
+    ax = k.axes
+    bsz, m, n, dd, e = (math.prod(ax[g]) for g in "bmnde")
+    tiles = cuda_attention_tiles(n, dd, e)
+    rows, bn, threads = tiles["ROWS"], tiles["BN"], tiles["threads"]
+    d = CudaDialect()
+    neg_inf = d.const(-math.inf)
+    used = used_vars(*k.values.values(), k.store)
+
+    def section(key, defs, syms=None, prefix="v"):
+        """Definitions of the loop variables value `key` reads (from `defs`: name -> text),
+        its statements, and its text."""
+        need = used_vars(k.values[key]) | (used_vars(k.store) if key == "out" else set())
+        lines = [_int(name, text) for name, text in defs.items() if name in need]
+        vl, te = emit(d, {key: k.values[key]}, syms or {}, prefix)
+        return lines + vl, te[key]
+
+    def stage(array, width, index, key, defs, prefix):
+        """Cooperatively copy a tile of value `key` (zero past the edges) into `array`."""
+        body, text = section(key, defs, prefix=prefix)
+        return ([f"for (int i = tid; i < {array[1]} * {width}; i += {threads}) {{",
+                 f"  const int j = i / {width}, c = i % {width};", "  float x = 0.0f;",
+                 f"  if ({index}) {{"] + _indent(body + [f"x = {text};"], 2)
+                + ["  }", f"  {array[0]}[j][c] = x;", "}"])
+
+    lines = [f"constexpr int M = {m}, N = {n}, D = {dd}, E = {e};",
+             f"constexpr int ROWS = {rows}, BN = {bn}, EPL = {-(-e // 32)};",
+             "__shared__ float Qs[ROWS][D];",
+             "__shared__ float Ks[BN][D + 1];   // + 1: lanes read rows of K, no bank conflicts",
+             "__shared__ float Vs[BN][E];", "__shared__ float Ps[ROWS][BN];",
+             "const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;",
+             "const int m_base = blockIdx.x * ROWS, rm = m_base + w;   // this warp's query row"]
+    batch = axis_defs(d, "b", ax["b"], var("pid_b", bsz), _int, used)
+    lines += (["const int pid_b = blockIdx.y;"] + batch) if batch else []
+    lines += stage(("Qs", "ROWS"), "D", "m_base + j < M", "q", {"m0": "m_base + j", "dq0": "c"}, "vq")
+    lines += [f"float m_i = {neg_inf}, l_i = 0.0f;", "float acc[EPL];", "#pragma unroll",
+              "for (int i = 0; i < EPL; ++i) acc[i] = 0.0f;"]
+    loop = stage(("Ks", "BN"), "D", "ns + j < N", "k", {"nk0": "ns + j", "dk0": "c"}, "vk")
+    loop += stage(("Vs", "BN"), "E", "ns + j < N", "v", {"nv0": "ns + j", "ev0": "c"}, "vv")
+    loop.append("__syncthreads();   // the tiles (and, the first time, Qs) are in place")
+    sb, tb = section("bias", {"m0": "rm", "ns0": "sn"}, prefix="vs")
+    score = (["float dot = 0.0f;", "for (int c = 0; c < D; ++c) dot += Qs[w][c] * Ks[lane][c];"]
+             + sb + [f"s = dot + {tb};" if k.values["bias"] != ("const", 0.0) else "s = dot;"])
+    # all 32 lanes of every warp (rows past M too) reach the shuffles: no early return
+    loop += [f"float s = {neg_inf};", "const int sn = ns + lane;", "if (rm < M && lane < BN && sn < N) {"]
+    loop += _indent(score) + ["}", "const float m_new = fmaxf(m_i, warp_max(s));",
+                              "// all -inf so far: subtract 0, so exp(-inf - 0) = 0, not nan",
+                              f"const float shift = m_new == {neg_inf} ? 0.0f : m_new;",
+                              "const float alpha = expf(m_i - shift), p = expf(s - shift);",
+                              "l_i = l_i * alpha + warp_sum(p);", "m_i = m_new;",
+                              "if (lane < BN) Ps[w][lane] = p;", "__syncwarp();",
+                              "#pragma unroll", "for (int i = 0; i < EPL; ++i) {",
+                              "  const int ee = lane + 32 * i;", "  float a = acc[i] * alpha;",
+                              "  if (ee < E)", "    for (int j = 0; j < BN; ++j) a += Ps[w][j] * Vs[j][ee];",
+                              "  acc[i] = a;", "}", "__syncthreads();   // done with Ks, Vs and Ps"]
+    lines += ["for (int ns = 0; ns < N; ns += BN) {"] + _indent(loop) + ["}"]
+    norm = "l_i > 0.0f ? acc[i] / l_i : 0.0f" if k.op == "safe" else "acc[i] / l_i"
+    so, to = section("out", {"m0": "rm", "e0": "ee"}, {"acc": "o"}, "ve")
+    fin = ["const int ee = lane + 32 * i;", "if (ee < E) {"] + _indent(
+        [f"const float o = {norm};"] + so + [f"out[{d.ix(k.store)}] = {to};"]) + ["}"]
+    lines += (["if (rm < M) {", "  #pragma unroll", "  for (int i = 0; i < EPL; ++i) {"]
+              + _indent(fin, 2) + ["  }", "}"])
+    grid = (-(-m // rows), bsz, 1)
+    return lines, {"grid": grid, "block": threads, "tiles": tiles}, WARP_REDUCE
 
 
 # ---- nvcc ------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 code generators, runner and report consume.
 
 Buffers are float32 arrays in device memory, row-major. Steps run in list order: a
-`Kernel` (one generated kernel: elementwise, gemm or reduce) or a `HostStep` (a term no
+`Kernel` (one generated kernel: elementwise, gemm, reduce or attention) or a `HostStep` (a term no
 kernel expresses, run on the host). Each step names the buffers it reads and the one it
 writes, so the graph is also a networkx DiGraph (`to_networkx`).
 """
@@ -33,17 +33,24 @@ class Buffer:
 
 @dataclass
 class Kernel:
-    """One generated kernel. `kind` is "elementwise", "gemm" or "reduce".
+    """One generated kernel. `kind` is "elementwise", "gemm", "reduce" or "attention".
 
     axes: loop-variable groups, name -> dims; elementwise {"o"}; gemm {"b", "m", "n", "k"}
-    (the batch, matrix and contraction axes); reduce {"r", "c"} (rows and columns).
+    (the batch, matrix and contraction axes); reduce {"r", "c"} (rows and columns);
+    attention {"b", "m", "n", "d", "e"} (the batch dims I.., then one dim each: queries,
+    keys, the q.k width, the value width).
     values: the expressions, over variables named <group><axis> (o0, m1, ka0 ...):
     elementwise {"out"}; gemm {"a", "b", "out"} (a over b/m/ka, b over b/kb/n, out over
     b/m/n and ("sym", "acc")); reduce {"elem", "out"} (out reads ("sym", "acc"), the
-    reduced value or, for softmax and layer-norm, the normalised element).
+    reduced value or, for softmax and the norms, the normalised element); attention
+    {"q" over b/m0/dq0, "k" over b/nk0/dk0, "bias" over b/m0/ns0 (a constant when the
+    bias is a scalar literal), "v" over b/ev0/nv0, "out" over b/m0/e0 and ("sym", "acc"),
+    the softmax-weighted sum of v for the element} (apsat/backends/gpu/attention.py).
     store: the element offset in `out` that `values["out"]` goes to (None: elementwise,
     whose output is contiguous over its own index space).
-    op: for reduce, sum | max | mean | softmax | layer-norm; `eps` for layer-norm.
+    op: for reduce, sum | max | mean | softmax | layer-norm | rms-norm; `eps` for the norms; for
+    attention, safe (a row whose softmax is NaN, every score -inf, gives 0: the atom's
+    SAFE 1) | plain (it gives NaN, as softmax does).
     """
 
     name: str
@@ -68,9 +75,10 @@ class Kernel:
 
     @property
     def modelled_us(self) -> float:
-        """Roofline time on an H100 (apsat/extract/cost_gpu.py), fp32."""
+        """Roofline time on an H100 (apsat/extract/cost_gpu.py), fp32; gemm and attention
+        (both tl.dot) at the matrix peak, as cost_gpu prices matmuls and the atoms."""
         return Roofline("fp32").kernel_us(self.flops, self.elements_read + self.elements_written,
-                                             self.kind == "gemm")
+                                             self.kind in ("gemm", "attention"))
 
 
 @dataclass

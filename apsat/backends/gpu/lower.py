@@ -8,10 +8,15 @@ Each kernel is one fused region:
   epilogue applies the bias and activation, and may go on with an element-wise consumer
   chain (a residual add, a scale, an activation) when the kernel's result has no other
   consumer.
-* **reduce**: reduce-sum/max/mean (pooling, global mean), softmax, layer-norm, and
+* **reduce**: reduce-sum/max/mean (pooling, global mean), softmax, layer-norm, rms-norm, and
   dot-products without two matrix sides (a matrix-vector product or a row-wise dot), one
   row of the item dims per output; the same epilogue chains (layer norm's scale and
   shift).
+* **attention**: the `attention` atom, FlashAttention-style (attention.py): scores,
+  online softmax and p.v in one kernel; element-wise terms feeding its operands (a scale
+  of q) are read inside its loads, and an element-wise consumer chain rides on its
+  epilogue as on a gemm's. An atom the kernel cannot read is lowered as its expansion
+  (the unfused dot-product, softmax and dot-product), never as a host step of its own.
 * **elementwise**: a chain of element-wise operators (add, mul, relu, gelu, ...), each
   inlined into its single consumer (a `chain F G` operator is such a chain in one term);
   also the copy of an output that is only a view.
@@ -33,6 +38,7 @@ import math
 import re
 
 from apsat.backends.gpu import tiling
+from apsat.backends.gpu.attention import expansion as attention_expansion
 from apsat.backends.gpu.expr import flat, value_nodes, var
 from apsat.backends.gpu.graph import Buffer, HostStep, Kernel, KernelGraph
 from apsat.backends.gpu.regions import REDUCTIONS, covered_ops, natural
@@ -109,8 +115,8 @@ def lower(program: Program, tiles: dict | None = None) -> KernelGraph:
     """The kernel graph of `program` (see the module doc).
 
     tiles: optional tile parameters, by kernel name or by kind ("gemm", "reduce",
-    "elementwise"), each a dict such as {"BM": 32, "BN": 32, "BK": 16}; missing ones come
-    from the search in apsat/backends/gpu/tiling.py."""
+    "attention", "elementwise"), each a dict such as {"BM": 32, "BN": 32, "BK": 16};
+    missing ones come from the search in apsat/backends/gpu/tiling.py."""
     return _Lowering(program, tiles or {}).run()
 
 
@@ -133,7 +139,10 @@ class _Lowering:
         if c is None:
             return False
         p, slot = c
-        return is_elementwise(p) or (p.op in ("fused-dot-bias", "fused-dot-bias-act") and slot == 2)
+        return (is_elementwise(p) or (p.op in ("fused-dot-bias", "fused-dot-bias-act") and slot == 2)
+                # an attention operand's prologue (ViT scales q and k before the product):
+                # computed in the attention kernel's loads of qk, bias or v
+                or p.op == "attention")
 
     def _new_buffer(self, dims, kind, tensor=None, name=None) -> str:
         name = _ident(name or f"t{len(self.buffers)}", self._names)
@@ -195,7 +204,20 @@ class _Lowering:
                     self._step(producer, None, None)     # un-fuse: producer, then the chain
             self._kernel(t, None, None)
         except Unsupported as e:
+            if t.op == "attention":      # no attention kernel: the unfused terms instead
+                self._unfused_attention(t)
+                return
             self._host(t, "reference", str(e))
+
+    def _unfused_attention(self, t: Term):
+        """Attention atom t as its expansion (attention.expansion: the scores' product,
+        the softmax, the p.v product), each term lowered as any is; t's buffer is the
+        last one's."""
+        self.p, terms = attention_expansion(self.p, t)
+        for u in terms:
+            if u not in self.term_buf:
+                self._step(u, None, None)
+        self.term_buf[t] = self.term_buf[terms[-1]]
 
     def _name(self, kind: str, t: Term) -> str:
         label = t.args[0].op if t.op == "compute" else (
@@ -225,6 +247,9 @@ class _Lowering:
             k.tiles = dict(given) if given else tiling.gemm_tiles(a["b"], a["m"], a["n"], a["k"])
         elif k.kind == "reduce":
             k.tiles = dict(given) if given else tiling.reduce_tiles(a["r"], a["c"], k.bytes)
+        elif k.kind == "attention":
+            k.tiles = dict(given) if given else tiling.attention_tiles(
+                a["b"], a["m"], a["n"], a["d"], a["e"], k.elements_read)
         else:
             k.tiles = dict(given) if given else tiling.elementwise_tiles(a["o"], k.bytes)
 
@@ -317,8 +342,10 @@ class _Lowering:
         a = {g: math.prod(dd) for g, dd in spec["axes"].items()}
         if kind == "gemm":
             k.flops = 2.0 * a["b"] * a["m"] * a["n"] * a["k"] + _ops(value) * out_elems
+        elif kind == "attention":      # the registry's figure, plus an epilogue chain's
+            k.flops = spec["flops"] + _ops(value) * out_elems
         else:
-            per = 1 + _ops(values["elem"]) + (2 if spec["op"] in ("softmax", "layer-norm") else 0)
+            per = 1 + _ops(values["elem"]) + (2 if spec["op"] in ("softmax", "layer-norm", "rms-norm") else 0)
             k.flops = float(a["r"] * a["c"] * per + _ops(value) * out_elems)
         self._finish(k, vals, out_term, out_dims)
 

@@ -1,4 +1,4 @@
-"""The natural kernel of a matmul or reduction term, before any epilogue chain.
+"""The natural kernel of a matmul, reduction or attention term, before any epilogue chain.
 
 `natural(program, t, buffers)` describes the kernel computing term t (a fused matmul
 atom, `systolic-array`, or a reducing `compute`): its kind, loop axes, operand values, the
@@ -11,6 +11,7 @@ is a row reduction of the products instead. A `compute dot-product` over a pair 
 cartesian product finds its matrix sides by which output axes each operand's index
 actually depends on: axes only the first reads are M, only the second N, both batch, so
 attention's batched head products and grouped convolutions need no special case.
+The attention atom's kernel is described in attention.py.
 """
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ def natural(program, t: Term, buffers) -> dict:
     its own output index `p` ("post", reading ACC) and the Values that built them."""
     p = program
     op = t.op
+    if op == "attention":     # a kernel kind of its own (FlashAttention): attention.py
+        from apsat.backends.gpu.attention import describe   # here: attention.py imports us
+
+        return describe(p, t, buffers)
     if op in ("fused-dot-bias", "fused-dot-bias-act", "systolic-array"):
         first = {"fused-dot-bias": 0, "fused-dot-bias-act": 1, "systolic-array": 2}[op]
         a_t, b_t = t.args[first], t.args[first + 1]
@@ -71,8 +76,8 @@ def natural(program, t: Term, buffers) -> dict:
     c = tuple(var(f"c{i}", d) for i, d in enumerate(item))
     elem = vals.value(x_t, r + c)
     op = name.replace("reduce-", "")
-    per_elem = op in ("softmax", "layer-norm")
-    return {"kind": "reduce", "op": op, "eps": float(params[0]) if op == "layer-norm" else 0.0,
+    per_elem = op in ("softmax", "layer-norm", "rms-norm")
+    return {"kind": "reduce", "op": op, "eps": float(params[0]) if op in ("layer-norm", "rms-norm") else 0.0,
             "axes": {"r": tuple(it), "c": tuple(item)}, "values": {"elem": elem},
             "p": r + c if per_elem else r, "post": ACC, "vals": vals,
             "covers": covered_ops(p, t, buffers)}

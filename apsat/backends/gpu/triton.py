@@ -12,7 +12,8 @@ Kernels compute in fp32: matrix products use `tl.dot(..., input_precision="ieee"
 tf32), square roots `sqrt_rn`, and element-wise arithmetic is not contracted into FMAs
 (`enable_fp_fusion=False`, Triton 3.10's default), so epilogues round like the reference. The epilogue of a matmul or reduction is the kernel
 graph's value for the element, stored where the graph says (through the inverse of the
-consumer's view path).
+consumer's view path). The attention kernel (`_attention`) is FlashAttention's loop: per
+query tile, scores against one key tile at a time, an online softmax, p.v accumulated.
 
 `run(program, inputs)` lowers, writes the kernels and a runner module into a private cache
 folder (apsat/backends/gpu/runner.py writes it), and launches them on torch tensors: on the
@@ -29,6 +30,7 @@ import numpy as np
 from apsat.backends.gpu.emit import Dialect, axis_defs, emit, used_vars
 from apsat.backends.gpu.expr import var
 from apsat.backends.gpu.graph import Kernel
+from apsat.backends.gpu.tiling import attention_pad
 
 IDENTITY = {"sum": "0.0", "mean": "0.0", "max": 'float("-inf")'}
 
@@ -157,7 +159,8 @@ def _params(k: Kernel) -> list[str]:
 
 
 def _build(k: Kernel):
-    return {"elementwise": _elementwise, "gemm": _gemm, "reduce": _reduce}[k.kind](k)
+    return {"elementwise": _elementwise, "gemm": _gemm, "reduce": _reduce,
+            "attention": _attention}[k.kind](k)
 
 
 def launch_plan(k: Kernel) -> dict:
@@ -311,6 +314,73 @@ def _reduce(k: Kernel):
         lines += chunk("b", ["part += tl.where(mask, (x - mean) * (x - mean), 0.0)"])
         lines.append(f"rstd_den = tl.sqrt_rn(tl.reduce(part, 1, _add)[:, None] / COLS + {d.const(k.eps)})")
         lines += chunk("c", ["acc = (x - mean) / rstd_den"] + finish({"acc": "acc"}, "mask"))
+    elif op == "rms-norm":
+        lines.append("part = tl.full((BR, BC), 0.0, tl.float32)")
+        lines += chunk("a", ["part += tl.where(mask, x * x, 0.0)"])
+        d.helpers.add("sum")
+        lines.append(f"rms_den = tl.sqrt_rn(tl.reduce(part, 1, _add)[:, None] / COLS + {d.const(k.eps)})")
+        lines += chunk("b", ["acc = x / rms_den"] + finish({"acc": "acc"}, "mask"))
     else:
         raise AssertionError(op)
     return lines, {"ROWS": rows, "COLS": cols, "BR": br, "BC": bc}, (_cdiv(rows, br),), d
+
+
+def _attention(k: Kernel):
+    """One program per (tile of BM query rows, batch index): q (BM x BD) loaded once; for
+    each tile of BN keys, s = q.k^T + bias (masked lanes -inf), an online softmax (running
+    max m_i and sum l_i, the accumulator rescaled by exp(m_old - m_new)), acc += p.v. The
+    scores never leave registers. SAFE ("safe") gives 0 for a row whose softmax is NaN."""
+    ax = k.axes
+    bsz, m, n, dd, e = (math.prod(ax[g]) for g in "bmnde")
+    t = k.tiles
+    bm, bn = int(t["BM"]), int(t["BN"])
+    bd, be = int(t.get("BD", attention_pad(dd))), int(t.get("BE", attention_pad(e)))
+    d = TritonDialect("mask_o")
+    dq, dk, ds, dv = (TritonDialect(f"mask_{x}") for x in "qksv")
+    dq.helpers = dk.helpers = ds.helpers = dv.helpers = d.helpers
+    d.helpers.update({"max", "sum"})
+    used = used_vars(*k.values.values(), k.store)
+
+    def define(name, text):        # a loop variable, where some value reads it
+        return [f"{name} = {text}"] if name in used else []
+
+    lines = ["pid_m = tl.program_id(0)", "pid_b = tl.program_id(1)",
+             "rm = pid_m * BM + tl.arange(0, BM)[:, None]", "rd = tl.arange(0, BD)[None, :]",
+             "rdk = tl.arange(0, BD)[:, None]", "re = tl.arange(0, BE)[None, :]"]
+    lines += axis_defs(d, "b", ax["b"], var("pid_b", bsz), d.assign, used)
+    lines += define("m0", "rm") + define("dq0", "rd") + define("dk0", "rdk") + define("e0", "re")
+    lines.append("mask_q = (rm < M) & (rd < D)")
+    lq, tq = emit(dq, {"q": k.values["q"]}, {}, "vq")
+    lines += lq + [f"q = tl.where(mask_q, {tq['q']}, 0.0)",
+                   'm_i = tl.full((BM, 1), float("-inf"), tl.float32)',
+                   "l_i = tl.full((BM, 1), 0.0, tl.float32)", "acc = tl.full((BM, BE), 0.0, tl.float32)"]
+    loop = ["rn = ns + tl.arange(0, BN)[None, :]", "rnv = ns + tl.arange(0, BN)[:, None]",
+            "mask_k = (rdk < D) & (rn < N)", "mask_s = (rm < M) & (rn < N)",
+            "mask_v = (rnv < N) & (re < E)"]
+    loop += define("nk0", "rn") + define("ns0", "rn") + define("nv0", "rnv") + define("ev0", "re")
+    lk, tk = emit(dk, {"k": k.values["k"]}, {}, "vk")
+    loop += lk + [f"kt = tl.where(mask_k, {tk['k']}, 0.0)", 's = tl.dot(q, kt, input_precision="ieee")']
+    if k.values["bias"] != ("const", 0.0):       # (access-literal 0.0): no bias to add
+        lb, tb = emit(ds, {"bias": k.values["bias"]}, {}, "vs")
+        loop += lb + [f"s = s + {tb['bias']}"]
+    loop += ['s = tl.where(mask_s, s, float("-inf"))',
+             "m_new = tl.maximum(m_i, tl.reduce(s, 1, _max)[:, None])",
+             # a row whose scores so far are all -inf keeps m_new = -inf: subtract 0
+             # there, so its exp(-inf - 0) is 0 and not exp(-inf - -inf) = nan
+             'shift = tl.where(m_new == float("-inf"), 0.0, m_new)',
+             "alpha = tl.exp(m_i - shift)", "p = tl.exp(s - shift)",
+             "l_i = l_i * alpha + tl.reduce(p, 1, _add)[:, None]"]
+    lv, tv = emit(dv, {"v": k.values["v"]}, {}, "vv")
+    loop += lv + [f"vt = tl.where(mask_v, {tv['v']}, 0.0)",
+                  'acc = acc * alpha + tl.dot(p, vt, input_precision="ieee")', "m_i = m_new"]
+    lines += ["for ns in range(0, N, BN):"] + _indent(loop)
+    # every score -inf: l_i = 0 and 0 / 0 is the NaN softmax gives; SAFE makes that row
+    # 0, and a row with a NaN score too (its l_i is NaN, so l_i > 0 fails)
+    lines.append("acc = tl.where(l_i > 0.0, acc / l_i, 0.0)" if k.op == "safe" else "acc = acc / l_i")
+    lines.append("mask_o = (rm < M) & (re < E)")
+    le, te = emit(d, {"out": k.values["out"]}, {"acc": "acc"}, "vo")
+    # the store's pointer must be a (BM, BE) block even where the offset ignores m or e
+    full = "" if {"m0", "e0"} <= k.store.deps() else " + rm * 0 + re * 0"
+    lines += le + [f"tl.store(out_ptr + {d.ix(k.store)}{full}, {te['out']}, mask=mask_o)"]
+    consts = {"BATCH": bsz, "M": m, "N": n, "D": dd, "E": e, "BM": bm, "BN": bn, "BD": bd, "BE": be}
+    return lines, consts, (_cdiv(m, bm), bsz), d

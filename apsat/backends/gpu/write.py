@@ -49,7 +49,7 @@ def write_kernels(program, directory, *, tiles: dict | None = None, compile=True
     Returns a JSON-ready dict (also written to DIR/kernels.json):
       "directory", "runner" (path of runner.py)
       "kernels": one dict per kernel in launch order: "name", "kind" (gemm | reduce |
-          elementwise), "prepare" (weight-only: run once by runner.prepare, not per
+          attention | elementwise), "prepare" (weight-only: run once by runner.prepare, not per
           inference), "covers" (the ops fused into it), "reads" (buffers), "out",
           "out_shape", "flops", "bytes" (ideal traffic: each buffer read once plus the
           result), "modelled_us" (apsat/extract/cost_gpu.py's roofline of flops and bytes
