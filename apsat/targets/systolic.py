@@ -47,6 +47,9 @@ dataflow's. osk is not SCALE-Sim's: its passes are os passes, its traffic and ex
 fills are counted as os_blocking describes. A flexible array's one-row products may also
 hand columns to the vector unit (apsat/targets/vector_share.py).
 
+The attention atom: attention_plan (whether its scores stay on chip, in what blocks) and
+attention_cycles (what that costs), called by the cost model and the backend alike.
+
 Units: one word is one tensor element. Scratchpad sizes are given in kB of SCALE-Sim's
 one-byte words, so 1 kB holds 1024 words (elements).
 """
@@ -283,3 +286,108 @@ def fused_gemm_cost(acc: Accelerator, m: int, k: int, n: int, epilogue_ops: floa
     fastest = min(total for _, total in options)
     near = [o for o in options if o[1] <= fastest * (1 + acc.flex_slack)]
     return min(near, key=lambda o: (o[0].dram_words, o[1]))
+
+
+# ---- the attention atom (apsat/backends/systolic/attention.py runs it this way) -------------
+
+ATTENTION_SPILL_WORDS = 4   # DRAM words a spilled score moves at least: stored, read and
+                            # written back by the softmax, read by P.V (the unfused chain)
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """How one head of `(attention SAFE qk bias v)` runs on chip: blocks of `rows` query
+    rows; a block's scores, `width` words a key (3 with SAFE: the select's is-nan and
+    zero columns beside them), and its output rows fill an ofmap half, its queries an
+    ifmap half; K^T and V of a head are `resident` in a filter half for all its blocks,
+    else streamed per block in `key_cols`-column and `value_rows`-row chunks. The two
+    products run in `qk_dataflow` and `pv_dataflow`. rows 0: the scores stay off chip
+    (the atom spills to DRAM like the unfused chain), `reason` says why."""
+
+    rows: int
+    width: int
+    resident: bool = False
+    key_cols: int = 0
+    value_rows: int = 0
+    qk_dataflow: str = ""
+    pv_dataflow: str = ""
+    reason: str = ""
+
+
+def attention_heads(iq: tuple, pre_k: tuple, pre_v: tuple) -> tuple[int, int, tuple]:
+    """(heads, rows a head, merged axes) of an attention whose scores iterate over `iq`
+    (I.., m, n), whose keys vary along `pre_k`'s axes of size > 1 and values along
+    `pre_v`'s (their iterated dims before the broadcast): the leading axes just before m
+    along which neither varies (grouped-query attention's query groups) are merged into
+    a head's rows, so its K and V serve them all."""
+    merged = []
+    for a in reversed(range(len(iq) - 2)):
+        if iq[a] != 1 and (pre_k[a] != 1 or pre_v[a] != 1):
+            break
+        merged.append(a)
+    rows = iq[-2] * math.prod(iq[a] for a in merged)
+    return math.prod(iq[:-1]) // rows, rows, tuple(sorted(merged))
+
+
+def attention_plan(acc: Accelerator, m: int, d: int, n: int, e: int, safe: bool) -> AttentionPlan:
+    """The on-chip plan of a head of m queries and n keys of width d, values of width e
+    (see AttentionPlan). The scores fit when one query row's scores (width * n words)
+    and output (e) fit an ofmap half, its query (d) an ifmap half, and a column of K^T
+    (d) and a row of V (e) a filter half; with more rows than the array's in a block,
+    blocks are whole row folds. When K^T and V do not fit a filter half together they
+    are re-read per block, which is taken only while that moves no more than the
+    scores' DRAM round trip would (ATTENTION_SPILL_WORDS a score). The cost model and
+    the lowering both call this, so they agree on fit and spill."""
+    width = 3 if safe else 1
+    ho, hi, hf = acc.ofmap_words // 2, acc.ifmap_words // 2, acc.filter_words // 2
+    rows = min(m, ho // (width * n + e), hi // d)
+    if rows < m and rows >= acc.rows:
+        rows -= rows % acc.rows
+    if rows < 1 or d > hf or e > hf:
+        return AttentionPlan(0, width, reason=f"a query row's {width * n} scores and {e} outputs do not fit "
+                                              f"half of the ofmap ({ho} words), or its {d} query words, a K^T "
+                                              "column or a V row half of their scratchpad")
+    resident = n * (d + e) <= hf
+    key_cols, value_rows = (n, n) if resident else (min(n, hf // d), min(n, hf // e))
+    if key_cols < n and key_cols >= acc.cols:
+        key_cols -= key_cols % acc.cols
+    blocks = -(-m // rows)
+    if not resident and (blocks - 1) * n * (d + e) > ATTENTION_SPILL_WORDS * m * n:
+        return AttentionPlan(0, width, reason=f"K and V re-read for each of {blocks} blocks move more than "
+                                              "the scores' DRAM round trip")
+    return AttentionPlan(rows, width, resident, key_cols, value_rows,
+                         _onchip_dataflow(acc, rows, d, n), _onchip_dataflow(acc, rows, n, e))
+
+
+def _onchip_dataflow(acc: Accelerator, m: int, k: int, n: int) -> str:
+    """A product whose operands are on chip: the accelerator's dataflow, or on a flexible
+    array the one of fewest compute cycles (os, ws, is on ties; DRAM plays no part)."""
+    if acc.dataflow != FLEX:
+        return acc.dataflow
+    return min(("os", "ws", "is"), key=lambda df: gemm_cost(acc, m, k, n, df).compute_cycles)
+
+
+def _pass_cycles(acc: Accelerator, m: int, k: int, n: int, df: str) -> int:
+    """Array cycles of an on-chip product run fold by fold: every fold pays its fill (the
+    stream's MATMUL passes, backends/systolic/timing.pass_cycles)."""
+    return gemm_cost(acc, m, k, n, df).compute_cycles + 1
+
+
+def attention_cycles(acc: Accelerator, plan: AttentionPlan, heads: int, m: int, d: int, n: int, e: int,
+                     q_words: float, kv_words: float, bias_words: float, vector_ops: float) -> int:
+    """Cycles of `heads` heads run on chip by `plan` (rows > 0): the array's passes for
+    both products, the vector unit's `vector_ops` operations a score (softmax, SAFE's
+    select), and each DMA interface's words (ifmap: the queries; filter: K and V, once
+    a head when resident, else once a block; ofmap: the bias and the outputs), which
+    overlap one another; one block's vector work is exposed (the array waits for the
+    first softmax before its first P.V)."""
+    blocks = [(r0, min(m, r0 + plan.rows)) for r0 in range(0, m, plan.rows)]
+    k_chunks = [(c, min(n, c + plan.key_cols)) for c in range(0, n, plan.key_cols)]
+    v_chunks = [(c, min(n, c + plan.value_rows)) for c in range(0, n, plan.value_rows)]
+    array = heads * sum(sum(_pass_cycles(acc, r1 - r0, d, c1 - c0, plan.qk_dataflow) for c0, c1 in k_chunks)
+                        + sum(_pass_cycles(acc, r1 - r0, c1 - c0, e, plan.pv_dataflow) for c0, c1 in v_chunks)
+                        for r0, r1 in blocks)
+    vector = heads * sum(vector_cycles(acc, (r1 - r0) * n, vector_ops) for r0, r1 in blocks)
+    kv = kv_words * (1 if plan.resident else len(blocks))
+    dma = max(dram_cycles(acc, math.ceil(w)) for w in (q_words, kv, bias_words + heads * m * e))
+    return max(array, vector, dma) + vector_cycles(acc, plan.rows * n, vector_ops)

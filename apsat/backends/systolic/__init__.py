@@ -9,7 +9,8 @@
 Modules: isa (the instructions and Stream as dataclasses), views (address patterns),
 lower (Program -> Stream; HOST steps for what the accelerator cannot run), gemm (GEMMs:
 entry points and dataflow choice), dataflows and tiles (the tiling per dataflow, double
-buffered), grouped (grouped and depthwise convolutions), shared (one-row products split
+buffered), grouped (grouped and depthwise convolutions), attention (the attention atom, its scores
+kept on chip when they fit), shared (one-row products split
 between the array and the vector unit), vector (vector-unit ops and DMA copies), simulate
 (the numpy functional simulator), timing (cycles and traffic from the analytical model in
 apsat/targets/systolic.py), text (the text form).

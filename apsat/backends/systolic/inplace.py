@@ -23,8 +23,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from apsat.lang.ops import ATOM_OPS
 from apsat.lang.term import Term
+
+# The atoms whose result is a GEMM's (rows, columns) matrix (not attention: its heads'
+# outputs are stored by its own lowering, attention.py)
+GEMM_ATOMS = ("systolic-array", "fused-dot-bias", "fused-dot-bias-act")
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ def _placeable(L, q: Term, axis: int, width: int, placed: dict, deferred) -> boo
         return False
     if q.op == "access-concatenate":
         return q.args[2] == axis and len(L.dims(q)) == axis + 1
-    return q.op in ATOM_OPS and _gemm_width(L, q) == width
+    return q.op in GEMM_ATOMS and _gemm_width(L, q) == width
 
 
 def host_operand(L, x: Term, buf: str) -> Term:

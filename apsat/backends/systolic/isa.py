@@ -278,8 +278,9 @@ OPCODES = {Load: "LOAD", Store: "STORE", Copy: "COPY", Preload: "PRELOAD", Matmu
 
 @dataclass
 class Group:
-    """One lowered program node: `kind` gemm / grouped / vector / copy / host, `label` what it is
-    (op name), and for GEMMs the product's m, k, n, how the left operand is read
+    """One lowered program node: `kind` gemm / grouped / attention / vector / copy / host,
+    `label` what it is (op name), and for GEMMs the product's m, k, n (attention: a
+    head's query rows, d and keys), how the left operand is read
     (`a_mode`: dense, resident (im2col formed on chip) or im2col (materialised)), the
     dataflow it runs in and `vector_cols`, its last columns run on the vector unit
     (a one-row product's share, targets.vector_share; 0: none)."""

@@ -14,6 +14,10 @@ instructions of its kind:
                                          an access-pair (grouped, depthwise convolutions):
                                          one GEMM per group or VEC dot (grouped.py);
                                          any other dot-product: HOST
+  attention                              Q.K^T and P.V on the array, the softmax on
+                                         the vector unit, the scores kept in the ofmap
+                                         when they fit, else the unfused chain
+                                         (attention.py)
   access-transpose / -pad / -concatenate DMA copies (vector.py)
   opaque                                 HOST (onnxruntime runs the ONNX node)
 
@@ -47,7 +51,7 @@ from __future__ import annotations
 
 import math
 
-from apsat.backends.systolic import gemm, inplace, vector
+from apsat.backends.systolic import attention, gemm, inplace, vector
 from apsat.backends.systolic.host import emit_host
 from apsat.backends.systolic.isa import SCRATCHPADS, Buffer, Copy, Group, Host, Load, Region, Slot, Stream, View
 from apsat.backends.systolic.views import dims_after, footprint
@@ -320,6 +324,8 @@ class Lowering:
             gemm.lower_systolic(self, t)
         elif op in ("fused-dot-bias", "fused-dot-bias-act"):
             gemm.lower_fused(self, t)
+        elif op == "attention":
+            attention.lower_attention(self, t)
         elif op == "compute":
             vector.lower_compute(self, t)
         elif op in COPY_OPS:
