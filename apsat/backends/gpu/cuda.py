@@ -245,6 +245,21 @@ def _reduce(k: Kernel):
     return lines, {"grid": grid, "block": 32 * ROWS_PER_BLOCK}, WARP_REDUCE
 
 
+def _online_softmax(neg_inf: str) -> list[str]:
+    """One key tile's step of the online softmax for a warp's row (score `s` per lane):
+    the running max and sum rescaled, the tile's probabilities through Ps into acc."""
+    return ["const float m_new = fmaxf(m_i, warp_max(s));",
+            "// all -inf so far: subtract 0, so exp(-inf - 0) = 0, not nan",
+            f"const float shift = m_new == {neg_inf} ? 0.0f : m_new;",
+            "const float alpha = expf(m_i - shift), p = expf(s - shift);",
+            "l_i = l_i * alpha + warp_sum(p);", "m_i = m_new;",
+            "if (lane < BN) Ps[w][lane] = p;", "__syncwarp();",
+            "#pragma unroll", "for (int i = 0; i < EPL; ++i) {",
+            "  const int ee = lane + 32 * i;", "  float a = acc[i] * alpha;",
+            "  if (ee < E)", "    for (int j = 0; j < BN; ++j) a += Ps[w][j] * Vs[j][ee];",
+            "  acc[i] = a;", "}", "__syncthreads();   // done with Ks, Vs and Ps"]
+
+
 def _attention(k: Kernel):
     """FlashAttention in CUDA C (the module doc); the Triton kernel's online softmax, its
     -inf guard and its SAFE rule (triton._attention)."""
@@ -292,16 +307,7 @@ def _attention(k: Kernel):
              + sb + [f"s = dot + {tb};" if k.values["bias"] != ("const", 0.0) else "s = dot;"])
     # all 32 lanes of every warp (rows past M too) reach the shuffles: no early return
     loop += [f"float s = {neg_inf};", "const int sn = ns + lane;", "if (rm < M && lane < BN && sn < N) {"]
-    loop += _indent(score) + ["}", "const float m_new = fmaxf(m_i, warp_max(s));",
-                              "// all -inf so far: subtract 0, so exp(-inf - 0) = 0, not nan",
-                              f"const float shift = m_new == {neg_inf} ? 0.0f : m_new;",
-                              "const float alpha = expf(m_i - shift), p = expf(s - shift);",
-                              "l_i = l_i * alpha + warp_sum(p);", "m_i = m_new;",
-                              "if (lane < BN) Ps[w][lane] = p;", "__syncwarp();",
-                              "#pragma unroll", "for (int i = 0; i < EPL; ++i) {",
-                              "  const int ee = lane + 32 * i;", "  float a = acc[i] * alpha;",
-                              "  if (ee < E)", "    for (int j = 0; j < BN; ++j) a += Ps[w][j] * Vs[j][ee];",
-                              "  acc[i] = a;", "}", "__syncthreads();   // done with Ks, Vs and Ps"]
+    loop += _indent(score) + ["}"] + _online_softmax(neg_inf)
     lines += ["for (int ns = 0; ns < N; ns += BN) {"] + _indent(loop) + ["}"]
     norm = "l_i > 0.0f ? acc[i] / l_i : 0.0f" if k.op == "safe" else "acc[i] / l_i"
     so, to = section("out", {"m0": "rm", "e0": "ee"}, {"acc": "o"}, "ve")

@@ -305,24 +305,28 @@ def _reduce(k: Kernel):
         lines += chunk("b", ["part += tl.where(mask, tl.exp(x - mx), 0.0)"])
         lines.append("total = tl.reduce(part, 1, _add)[:, None]")
         lines += chunk("c", ["acc = tl.exp(x - mx) / total"] + finish({"acc": "acc"}, "mask"))
-    elif op == "layer-norm":
-        lines.append("part = tl.full((BR, BC), 0.0, tl.float32)")
-        lines += chunk("a", ["part += tl.where(mask, x, 0.0)"])
-        d.helpers.add("sum")
-        lines.append("mean = tl.reduce(part, 1, _add)[:, None] / COLS")
-        lines.append("part = tl.full((BR, BC), 0.0, tl.float32)")
-        lines += chunk("b", ["part += tl.where(mask, (x - mean) * (x - mean), 0.0)"])
-        lines.append(f"rstd_den = tl.sqrt_rn(tl.reduce(part, 1, _add)[:, None] / COLS + {d.const(k.eps)})")
-        lines += chunk("c", ["acc = (x - mean) / rstd_den"] + finish({"acc": "acc"}, "mask"))
-    elif op == "rms-norm":
-        lines.append("part = tl.full((BR, BC), 0.0, tl.float32)")
-        lines += chunk("a", ["part += tl.where(mask, x * x, 0.0)"])
-        d.helpers.add("sum")
-        lines.append(f"rms_den = tl.sqrt_rn(tl.reduce(part, 1, _add)[:, None] / COLS + {d.const(k.eps)})")
-        lines += chunk("b", ["acc = x / rms_den"] + finish({"acc": "acc"}, "mask"))
+    elif op in ("layer-norm", "rms-norm"):
+        lines += _norm(op, d, chunk, finish, k.eps)
     else:
         raise AssertionError(op)
     return lines, {"ROWS": rows, "COLS": cols, "BR": br, "BC": bc}, (_cdiv(rows, br),), d
+
+
+def _norm(op: str, d, chunk, finish, eps: float) -> list[str]:
+    """A normalisation row by row (layer-norm: mean, then variance; rms-norm: mean
+    square), then each element normalised and stored through `finish`."""
+    lines = ["part = tl.full((BR, BC), 0.0, tl.float32)"]
+    d.helpers.add("sum")
+    if op == "rms-norm":
+        lines += chunk("a", ["part += tl.where(mask, x * x, 0.0)"])
+        lines.append(f"rms_den = tl.sqrt_rn(tl.reduce(part, 1, _add)[:, None] / COLS + {d.const(eps)})")
+        return lines + chunk("b", ["acc = x / rms_den"] + finish({"acc": "acc"}, "mask"))
+    lines += chunk("a", ["part += tl.where(mask, x, 0.0)"])
+    lines.append("mean = tl.reduce(part, 1, _add)[:, None] / COLS")
+    lines.append("part = tl.full((BR, BC), 0.0, tl.float32)")
+    lines += chunk("b", ["part += tl.where(mask, (x - mean) * (x - mean), 0.0)"])
+    lines.append(f"rstd_den = tl.sqrt_rn(tl.reduce(part, 1, _add)[:, None] / COLS + {d.const(eps)})")
+    return lines + chunk("c", ["acc = (x - mean) / rstd_den"] + finish({"acc": "acc"}, "mask"))
 
 
 def _attention(k: Kernel):
