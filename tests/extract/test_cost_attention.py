@@ -6,6 +6,7 @@ fit, exactly what the model prices the chain at, which is then what the backend 
 from __future__ import annotations
 
 import pytest
+from attention_forms import forms
 
 import apsat
 from apsat.backends import systolic as sab
@@ -19,31 +20,10 @@ from apsat.targets.systolic import attention_heads, attention_plan
 SMALL = Accelerator(8, 8, "os", 1, 1, 1, 16.0, 8, "test-os")      # 512-word scratchpad halves
 
 
-def forms(heads, m, n, d, e, safe):
+def masked(heads, m, n, d, e, safe):
     """(atom, unfused chain, shapes): `heads` heads of q (1, heads, m, d), k (1, heads,
     n, d), vt (1, heads, e, n) and a mask (1, 1, m, n), as the importer writes the chain."""
-    def s(*dims):
-        return "(shape " + " ".join(map(str, dims)) + ")"
-    full = s(1, heads, m, n)
-    qk = (f"(access-pair (access-broadcast (access-reshape (access-tensor q) (access-shape "
-          f"{s(1, heads, m, 1, d)} (shape))) (access-shape {full} {s(d)})) (access-broadcast (access-reshape "
-          f"(access-tensor k) (access-shape {s(1, heads, 1, n, d)} (shape))) (access-shape {full} {s(d)})))")
-    v = (f"(access-broadcast (access-reshape (access-tensor vt) (access-shape {s(1, heads, 1, e, n)} (shape))) "
-         f"(access-shape {s(1, heads, m, e)} {s(n)}))")
-    bias = f"(access-broadcast (access (access-tensor mask) 4) (access-shape {full} (shape)))"
-    p = f"(compute softmax (access (compute elementwise-add (access-pair (compute dot-product {qk}) {bias})) 3))"
-    if safe:
-        zero = (f"(access-broadcast (access-reshape (access-literal 0.0) (access-shape {s(1, 1, 1, 1)} (shape))) "
-                f"(access-shape {full} (shape)))")
-
-        def part(x):
-            return f"(access (access-insert-axis {x} 4) 4)"
-        p = (f"(compute select (access-concatenate (access-concatenate {part(f'(access (compute is-nan {p}) 4)')} "
-             f"{part(zero)} 4) {part(f'(access {p} 4)')} 4))")
-    chain = (f"(compute dot-product (access-pair (access-broadcast (access-reshape {p} (access-shape "
-             f"{s(1, heads, m, 1, n)} (shape))) (access-shape {s(1, heads, m, e)} {s(n)})) {v}))")
-    shapes = {"q": (1, heads, m, d), "k": (1, heads, n, d), "vt": (1, heads, e, n), "mask": (1, 1, m, n)}
-    return f"(attention {int(safe)} {qk} {bias} {v})", chain, shapes
+    return forms((1, heads), (1, heads), m, n, d, e, safe, bias=True)
 
 
 def priced(text, shapes, acc) -> tuple[float, int]:
@@ -76,7 +56,7 @@ def test_grouped_query_heads_are_one_heads_rows():
 
 @pytest.mark.parametrize("safe", (0, 1))
 def test_the_atom_is_priced_below_its_chain_and_near_its_stream(safe):
-    atom, chain, shapes = forms(4, 128, 128, 64, 64, safe)
+    atom, chain, shapes = masked(4, 128, 128, 64, 64, safe)
     acc = PRESETS["32x32"]
     (atom_cost, atom_cycles), (chain_cost, chain_cycles) = priced(atom, shapes, acc), priced(chain, shapes, acc)
     assert atom_cost < chain_cost / 1.5
@@ -88,6 +68,6 @@ def test_the_atom_is_priced_below_its_chain_and_near_its_stream(safe):
 
 @pytest.mark.parametrize("safe", (0, 1))
 def test_spilled_scores_cost_what_the_chain_costs(safe):
-    atom, chain, shapes = forms(2, 6, 300, 5, 4, safe)
+    atom, chain, shapes = masked(2, 6, 300, 5, 4, safe)
     (atom_cost, atom_cycles), (chain_cost, chain_cycles) = priced(atom, shapes, SMALL), priced(chain, shapes, SMALL)
     assert atom_cost == chain_cost and atom_cycles == chain_cycles

@@ -41,7 +41,7 @@ from apsat.backends.gpu import tiling
 from apsat.backends.gpu.attention import expansion as attention_expansion
 from apsat.backends.gpu.expr import flat, value_nodes, var
 from apsat.backends.gpu.graph import Buffer, HostStep, Kernel, KernelGraph
-from apsat.backends.gpu.regions import REDUCTIONS, covered_ops, natural
+from apsat.backends.gpu.regions import REDUCTIONS, ROW_NORMALISATIONS, covered_ops, natural
 from apsat.backends.gpu.views import (
     Unsupported,
     Values,
@@ -345,7 +345,7 @@ class _Lowering:
         elif kind == "attention":      # the registry's figure, plus an epilogue chain's
             k.flops = spec["flops"] + _ops(value) * out_elems
         else:
-            per = 1 + _ops(values["elem"]) + (2 if spec["op"] in ("softmax", "layer-norm", "rms-norm") else 0)
+            per = 1 + _ops(values["elem"]) + (2 if spec["op"] in ROW_NORMALISATIONS else 0)
             k.flops = float(a["r"] * a["c"] * per + _ops(value) * out_elems)
         self._finish(k, vals, out_term, out_dims)
 

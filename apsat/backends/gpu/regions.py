@@ -27,6 +27,9 @@ ACC = ("sym", "acc")
 # Operators that need a kernel of their own: every one a kernel cannot compute inline
 # (dot-products, reductions, normalisations over the item).
 REDUCTIONS = frozenset(COMPUTE_OPS) - LOCAL_OPS
+# Reductions that write every element of the row, normalised (softmax, the norms): the
+# registry's whole-item operators that are not local. Their one parameter, if any, is eps.
+ROW_NORMALISATIONS = frozenset(n for n, s in COMPUTE_OPS.items() if s.kind == "item") - LOCAL_OPS
 
 def natural(program, t: Term, buffers) -> dict:
     """t's kernel before any epilogue chain: kind, axes, operand values, the value at
@@ -76,8 +79,8 @@ def natural(program, t: Term, buffers) -> dict:
     c = tuple(var(f"c{i}", d) for i, d in enumerate(item))
     elem = vals.value(x_t, r + c)
     op = name.replace("reduce-", "")
-    per_elem = op in ("softmax", "layer-norm", "rms-norm")
-    return {"kind": "reduce", "op": op, "eps": float(params[0]) if op in ("layer-norm", "rms-norm") else 0.0,
+    per_elem = name in ROW_NORMALISATIONS
+    return {"kind": "reduce", "op": op, "eps": float(params[0]) if per_elem and params else 0.0,
             "axes": {"r": tuple(it), "c": tuple(item)}, "values": {"elem": elem},
             "p": r + c if per_elem else r, "post": ACC, "vals": vals,
             "covers": covered_ops(p, t, buffers)}
