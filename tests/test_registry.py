@@ -128,11 +128,22 @@ def test_egglog_derives_each_operators_shape_as_python_does(op):
 
 @pytest.mark.parametrize("op", sorted(o for o in COMPUTE_OPS if COMPUTE_OPS[o].kind == "item"))
 def test_whole_item_operators_are_refused_inside_chains(op):
-    """egglog cannot ask "not an element-wise operator", so shape_rules.egg flags each
-    whole-item operator as a chain's F and as its G by name."""
-    name = EGG_NAMES.get(op, op)
-    rules = [atoms for head, atoms in _forms() if head == "rule" and {"chain-invalid", "chain", name} <= atoms]
-    assert len(rules) >= 2, f"{op}: shape_rules.egg has no chain-invalid rules for it (as F and as G)"
+    """egglog cannot ask "not an element-wise operator": the generated classification
+    marks each whole-item operator `item-whole` (with its name), and shape_rules.egg's
+    chain rules flag it as a chain's F and as its G, naming it."""
+    from apsat.egraph.driver import egg_term
+    from apsat.errors import ShapeError
+    from apsat.explore.egraph import EGraph
+    from apsat.lang.syntax import parse_term
+    from apsat.lang.term import Term
+
+    assert any(head == "rule" and {"item-whole", EGG_NAMES.get(op, op)} <= atoms for head, atoms in _forms())
+    x = "(access (access-tensor x) 1)"
+    for side, chain in (("F", f"(chain {operator_head(op)} relu)"), ("G", f"(chain relu {operator_head(op)})")):
+        eg = EGraph()
+        eg.add(Term("access-tensor", ("x",)), shapes={"x": (3, 4, 5)})
+        with pytest.raises(ShapeError, match=f"the chain's {side} is {op}, not element-wise"):
+            eg.load_text(f"(let $bad {egg_term(parse_term(f'(compute {chain} {x})'))})")
 
 
 # ---- reference semantics --------------------------------------------------------------------

@@ -34,6 +34,7 @@ CLASSIFICATION_HEAD = """\
 ; parameterised operators are classified the same way.
 (relation item-scalar (ComputeOp))          ; item -> ()
 (relation item-keep (ComputeOp))            ; item -> item
+(relation item-whole (ComputeOp String))    ; over the whole item, not value by value (its name)
 (relation item-nary (ComputeOp i64))        ; item -> item[1:], item[0] operands (0: at least 2)
 (relation item-needs-axis (ComputeOp))      ; the item must have an axis
 (relation unary-map (ComputeOp))            ; a unary element-wise map (item -> item, per value)
@@ -70,6 +71,8 @@ def facts(spec) -> list[str]:
         out.append(f"(item-nary o {spec.arity})")
     if spec.axis_needed:
         out.append("(item-needs-axis o)")
+    if spec.kind == "item":
+        out.append(f'(item-whole o "{spec.name}")')
     if spec.kind == "map":
         out.append("(unary-map o)")
     if spec.activation:
