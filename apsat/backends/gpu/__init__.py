@@ -5,8 +5,9 @@
     write_kernels(program, directory) -> dict      apsat.backends.gpu.write
 
 Modules: expr (index/value expressions), views (access patterns as indexing), graph (the
-kernel graph's data), regions (matmul and reduction kernels), lower (program -> kernel
-graph), tiling (tile search on the roofline), emit (shared statement emission), triton
+kernel graph's data), regions (matmul and reduction kernels), attention (the attention
+atom's kernel), inline (what runs inside other kernels: epilogues, prologues, unrolled
+small reductions), lower (program -> kernel graph), tiling (tile search on the roofline), emit (shared statement emission), triton
 (Triton sources), aot (Triton's ahead-of-time compile, from a private directory), cuda
 (CUDA C sources, nvcc), runner (the generated runner module, and run_kernels, which
 writes it into the per-user cache and runs it), files (that cache: per-user, 0700,

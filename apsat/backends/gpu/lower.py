@@ -21,6 +21,12 @@ Each kernel is one fused region:
   inlined into its single consumer (a `chain F G` operator is such a chain in one term);
   also the copy of an output that is only a view.
 
+A root needs no kernel of its own where inline.py says so: a point-wise chain rides on
+its producer's epilogue, or else on its one consumer kernel's operand loads (a prologue:
+DenseNet's BatchNorm and ReLU before each convolution); a reduction over a few values
+(Inception's 3x3 pool before its 1x1 projection, a depthwise 3x3 before the pointwise
+convolution) is unrolled in its consumer's loads.
+
 Views (access, transpose, reshape, windows, pad, slice, concatenate, broadcast, pair,
 cartesian product) never run as kernels: they become the indexing of the kernels that read
 them (apsat/backends/gpu/views.py). What no kernel can express becomes a **host step**:
@@ -41,72 +47,22 @@ from apsat.backends.gpu import tiling
 from apsat.backends.gpu.attention import expansion as attention_expansion
 from apsat.backends.gpu.expr import flat, value_nodes, var
 from apsat.backends.gpu.graph import Buffer, HostStep, Kernel, KernelGraph
-from apsat.backends.gpu.regions import REDUCTIONS, ROW_NORMALISATIONS, covered_ops, natural
+from apsat.backends.gpu.inline import Inlining, is_kernel_op
+from apsat.backends.gpu.regions import ROW_NORMALISATIONS, covered_ops, natural
 from apsat.backends.gpu.views import (
     Unsupported,
     Values,
     dims_of,
-    epilogue_path,
     invert_path,
     is_elementwise,
     n_iter,
 )
 from apsat.lang.formula import FUNCTION_FLOPS
-from apsat.lang.ops import ATOM_OPS, ELEMENTWISE_OPS
 from apsat.lang.program import Program
 from apsat.lang.term import Term
 
 # Arithmetic per evaluation of a kernel function: the registry formulas' figures.
 FN_FLOPS = FUNCTION_FLOPS
-
-
-# ---- analysis ---------------------------------------------------------------------------------
-
-def _uses(program: Program, order: list[Term]):
-    """Consumer slots per term (an output counts as one) and each term's (parent, slot)."""
-    uses: dict[Term, int] = {}
-    parents: dict[Term, list] = {}
-    for t in order:
-        for slot, c in enumerate(t.children()):
-            uses[c] = uses.get(c, 0) + 1
-            parents.setdefault(c, []).append((t, slot))
-    for t in program.outputs.values():
-        uses[t] = uses.get(t, 0) + 1
-    return uses, parents
-
-
-def _is_kernel_op(t: Term) -> bool:
-    return t.op in ATOM_OPS or (t.op == "compute" and t.args[0].op in REDUCTIONS)
-
-
-def _is_view(t: Term) -> bool:
-    return t.op not in ("compute", "opaque", "access-tensor", "access-literal") \
-        and t.op not in ATOM_OPS
-
-
-def _consumer(t: Term, uses, parents, outputs):
-    """The first non-view consumer of t and the slot it reads t's data through, if t's
-    value reaches exactly one consumer (through single-use views), else None."""
-    if t in outputs or uses.get(t, 0) != 1:
-        return None
-    p, slot = parents[t][0]
-    while _is_view(p):
-        if p in outputs or uses.get(p, 0) != 1:
-            return None
-        p, slot = parents[p][0]
-    return p, slot
-
-
-def _ident(name: str, taken: set) -> str:
-    """An identifier for a tensor name, unique among `taken`."""
-    base = re.sub(r"\W", "_", name) or "t"
-    if base[0].isdigit() or base in ("out", "acc", "tl", "triton"):
-        base = "in_" + base
-    cand, k = base, 1
-    while cand in taken:
-        cand, k = f"{base}_{k}", k + 1
-    taken.add(cand)
-    return cand
 
 
 # ---- the lowering -------------------------------------------------------------------------------
@@ -124,25 +80,13 @@ class _Lowering:
     def __init__(self, program: Program, tiles: dict):
         self.p, self.tiles = program, tiles
         self.order = program.terms()
-        self.uses, self.parents = _uses(program, self.order)
-        self.outputs = set(program.outputs.values())
+        self.inlining = Inlining(program, self.order)
+        self.uses, self.parents = self.inlining.uses, self.inlining.parents
+        self.outputs = self.inlining.outputs
         self.buffers: dict[str, Buffer] = {}
         self.term_buf: dict[Term, tuple[str, tuple]] = {}   # materialised term -> (name, dims)
         self.steps: list = []
         self._names: set = set()
-
-    # -- classification
-    def _inline(self, t: Term) -> bool:
-        """Element-wise t is computed inside its consumer: the consumer is element-wise, or
-        t is the bias of a fused matmul (read once per output element in the epilogue)."""
-        c = _consumer(t, self.uses, self.parents, self.outputs)
-        if c is None:
-            return False
-        p, slot = c
-        return (is_elementwise(p) or (p.op in ("fused-dot-bias", "fused-dot-bias-act") and slot == 2)
-                # an attention operand's prologue (ViT scales q and k before the product):
-                # computed in the attention kernel's loads of qk, bias or v
-                or p.op == "attention")
 
     def _new_buffer(self, dims, kind, tensor=None, name=None) -> str:
         name = _ident(name or f"t{len(self.buffers)}", self._names)
@@ -156,21 +100,11 @@ class _Lowering:
             if t.op == "access-tensor":
                 name = self._new_buffer(p.tensor_shapes[t.args[0]], "input", t.args[0], t.args[0])
                 self.term_buf[t] = (name, dims_of(p, t))
-            elif t.op == "opaque" or _is_kernel_op(t) or (is_elementwise(t) and not self._inline(t)):
+            elif t.op == "opaque" or is_kernel_op(t) or (
+                    is_elementwise(t) and not self.inlining.inline_elementwise(t)):
                 roots.append(t)
-        root_set = set(roots)
-        claimed: dict[Term, tuple] = {}     # chain root -> (producer, path)
-        producers: set = set()
-        for t in roots:     # each point-wise chain root may ride on one producer's epilogue
-            if is_elementwise(t) and t.args[0].op in ELEMENTWISE_OPS:
-                found = epilogue_path(p, t, lambda q: (q in root_set and _is_kernel_op(q)
-                                                       and self.uses.get(q) == 1
-                                                       and q not in self.outputs
-                                                       and q not in producers),
-                                      self.uses, root_set)   # the path stops at any root
-                if found:
-                    claimed[t] = found
-                    producers.add(found[0])
+        roots, claimed = self.inlining.kernels(roots)
+        producers = {c[0] for c in claimed.values()}
         for t in roots:
             if t in producers:
                 continue

@@ -17,6 +17,7 @@ for each element it produced, where the chain's result for that element goes.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from apsat.backends.gpu.expr import (
@@ -43,6 +44,15 @@ from apsat.errors import ApsatError
 # operand(s)) may also lie on an epilogue path, while lrn reads channel neighbours and
 # may not. A chain reads its operand as its first part does (`leading`), unary or n-ary;
 # its other parts are unary maps.
+
+
+# Reductions a kernel may compute inline, unrolled, when their item is small (at most
+# UNROLL_LIMIT values an output): each folds its item with one function, a mean then
+# divides by the count; a dot-product folds its operands' products.
+_FOLD = {"reduce-sum": "add", "reduce-mean": "add", "reduce-max": "max", "dot-product": "add"}
+UNROLLED_REDUCTIONS = frozenset(n for n, s in COMPUTE_OPS.items()
+                                if s.kind in ("reduction", "contraction") and n in _FOLD)
+UNROLL_LIMIT = 27
 
 
 class Unsupported(ApsatError):
@@ -146,6 +156,8 @@ class Values:
             return self._pick(idx[na + nb], lambda k: self.value(t.args[k], operands[k], conds))
         if op == "compute" and t.args[0].op in LOCAL_OPS:
             return self._compute(t, idx, conds)
+        if op == "compute" and t.args[0].op in UNROLLED_REDUCTIONS:
+            return self._unrolled(t, idx, conds)
         raise Unsupported(f"{op} cannot be read as a view inside a kernel")
 
     def _pick(self, k: Ix, operand):
@@ -186,6 +198,32 @@ class Values:
             return self.value(b, shifted, conds)
         return where(first, self.value(a, idx, conds + (first,)),
                      self.value(b, shifted, conds + (("ge", idx[axis], da),)))
+
+    def _unrolled(self, t, idx, conds):
+        """A reduction over a small item, its values folded in order (a 3x3 max pool, a
+        depthwise 3x3 tap sum) inside the kernel that reads it; the lowering decides
+        which (lower.py), no larger than UNROLL_LIMIT values an output."""
+        name, x_term = t.args[0].op, t.args[1]
+        n = n_iter(self.program, x_term)
+        item = self.dims(x_term)[n:]
+        taps = item[1:] if name == "dot-product" else item
+        if math.prod(taps) > UNROLL_LIMIT:
+            raise Unsupported(f"{name} over {math.prod(taps)} values is a kernel of its own, "
+                              f"not unrolled (at most {UNROLL_LIMIT})")
+        acc = None
+        for tap in itertools.product(*(range(d) for d in taps)):
+            tap = tuple(const(k) for k in tap)
+            if name == "dot-product":
+                factors = [self.value(x_term, idx + (const(o),) + tap, conds) for o in range(item[0])]
+                v = factors[0]
+                for f in factors[1:]:
+                    v = call("mul", v, f)
+            else:
+                v = self.value(x_term, idx + tap, conds)
+            acc = v if acc is None else call(_FOLD[name], acc, v)
+        if name == "reduce-mean":
+            acc = call("div", acc, fconst(float(math.prod(taps))))
+        return acc
 
     def _compute(self, t, idx, conds):
         """An inlined element-wise operator, in the float32 steps the reference takes."""
