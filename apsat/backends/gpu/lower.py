@@ -65,6 +65,18 @@ from apsat.lang.term import Term
 FN_FLOPS = FUNCTION_FLOPS
 
 
+def _ident(name: str, taken: set) -> str:
+    """An identifier for a tensor name, unique among `taken`."""
+    base = re.sub(r"\W", "_", name) or "t"
+    if base[0].isdigit() or base in ("out", "acc", "tl", "triton"):
+        base = "in_" + base
+    cand, k = base, 1
+    while cand in taken:
+        cand, k = f"{base}_{k}", k + 1
+    taken.add(cand)
+    return cand
+
+
 # ---- the lowering -------------------------------------------------------------------------------
 
 def lower(program: Program, tiles: dict | None = None) -> KernelGraph:
