@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from apsat.backends.gpu.cuda_norms import gemm_row_stats, stat_syms
 from apsat.backends.gpu.emit import Dialect, axis_defs, emit, used_vars
 from apsat.backends.gpu.expr import var
 from apsat.backends.gpu.graph import Kernel
@@ -150,15 +151,18 @@ def _gemm(k: Kernel):
              "__shared__ float As[BK][BM];", "__shared__ float Bs[BK][BN];",
              "const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;",
              "const int rm0 = blockIdx.x * BM, rn0 = blockIdx.y * BN;"]
+    used |= used_vars(*(st.elem for st in k.stats))
     batch = axis_defs(d, "b", ax["b"], var("pid_b", bsz), _int, used)
     lines += (["const int pid_b = blockIdx.z;"] + batch) if batch else []
+    for st in k.stats:
+        lines += gemm_row_stats(st, d, ax["m"], m)
     lines += ["float acc[TM][TN];",
               "#pragma unroll", "for (int i = 0; i < TM; ++i)",
               "  #pragma unroll", "  for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;"]
     # each section defines only the variables it reads (nvcc warns about unused ones)
     used_a, used_b = used_vars(k.values["a"]), used_vars(k.values["b"])
     used_e = used_vars(k.values["out"], k.store)
-    la, ta = emit(d, {"a": k.values["a"]}, {}, "va")
+    la, ta = emit(d, {"a": k.values["a"]}, stat_syms(k.stats, "lm"), "va")
     lb, tb = emit(d, {"b": k.values["b"]}, {}, "vb")
     stage_a = (["const int lm = e / BK, lk = e % BK;", "const int rm = rm0 + lm, rka = ks + lk;",
                 "float v = 0.0f;", "if (rm < M && rka < K) {"]
@@ -180,7 +184,7 @@ def _gemm(k: Kernel):
             + ["__syncthreads();", "#pragma unroll", "for (int kk = 0; kk < BK; ++kk) {"]
             + _indent(inner) + ["}", "__syncthreads();"])
     lines += ["for (int ks = 0; ks < K; ks += BK) {"] + _indent(loop) + ["}"]
-    le, te = emit(d, {"out": k.values["out"]}, {"acc": "acc[i][j]"}, "ve")
+    le, te = emit(d, {"out": k.values["out"]}, {"acc": "acc[i][j]", **stat_syms(k.stats, "ty + 16 * i")}, "ve")
     epi = (["const int rm = rm0 + ty + 16 * i, rn = rn0 + tx + 16 * j;", "if (rm < M && rn < N) {"]
            + _indent(axis_defs(d, "m", ax["m"], var("rm", m), _int, used_e)
                      + axis_defs(d, "n", ax["n"], var("rn", n), _int, used_e) + le
@@ -188,7 +192,7 @@ def _gemm(k: Kernel):
     lines += ["#pragma unroll", "for (int i = 0; i < TM; ++i) {", "  #pragma unroll",
               "  for (int j = 0; j < TN; ++j) {"] + _indent(epi, 2) + ["  }", "}"]
     grid = (-(-m // bm), -(-n // bn), bsz)
-    return lines, {"grid": grid, "block": THREADS, "tiles": tiles}, ""
+    return lines, {"grid": grid, "block": THREADS, "tiles": tiles}, WARP_REDUCE if k.stats else ""
 
 
 def _reduce(k: Kernel):

@@ -51,6 +51,9 @@ class Kernel:
     op: for reduce, sum | max | mean | softmax | layer-norm | rms-norm; `eps` for the norms; for
     attention, safe (a row whose softmax is NaN, every score -inf, gives 0: the atom's
     SAFE 1) | plain (it gives NaN, as softmax does).
+    stats: for gemm, the row statistics (folds.RowStats) of the normalisations its
+    operand or epilogue reads, computed before the main loop over the row variables
+    (b/m) and s0, s1, ...; values read them as ("sym", "<name>_mean"/"<name>_den").
     """
 
     name: str
@@ -63,6 +66,7 @@ class Kernel:
     covers: list[str]
     op: str = ""
     eps: float = 0.0
+    stats: list = field(default_factory=list)
     tiles: dict = field(default_factory=dict)
     flops: float = 0.0
     elements_read: float = 0.0

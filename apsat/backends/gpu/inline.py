@@ -10,6 +10,9 @@ which of those roots need no kernel:
 * **prologues**: a chain no producer takes is computed in its one consumer kernel's
   operand loads (DenseNet's BatchNorm and ReLU before each convolution, a
   squeeze-excitation's channel scale before the projection);
+* **norms read through their row statistics**: a layer-norm or rms-norm whose readers
+  are all gemms (its scale and shift inlined with it) is computed in each reader's loads,
+  each working out its rows' statistics first (folds.normalised);
 * **unrolled reductions**: a reduction over a few values (a 3x3 pool, a depthwise 3x3
   convolution) is folded inside its one consumer kernel's loads (views.Values), when
   that consumer reads each of its values once per tile.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import math
 
 from apsat.backends.gpu.expr import value_nodes
+from apsat.backends.gpu.folds import NORMALISED
 from apsat.backends.gpu.regions import REDUCTIONS, natural
 from apsat.backends.gpu.views import (
     UNROLL_LIMIT,
@@ -109,9 +113,45 @@ class Inlining:
         """The roots that stay kernels, in order, and the epilogue claims among them:
         chain root -> (producer, path); a claimed chain's producer computes it."""
         roots = [t for t in roots if not self.unrolled(t)]
+        claimed, _ = self.epilogues(roots)
+        folded = set()
+        for t in roots:
+            if t.op == "compute" and t.args[0].op in NORMALISED and t not in folded:
+                folded |= self.norm_readers(t, claimed)
+        roots = [t for t in roots if t not in folded]
         claimed, producers = self.epilogues(roots)
         roots = [t for t in roots if t in claimed or t in producers or not self.prologue(t)]
         return roots, claimed
+
+    def norm_readers(self, t: Term, claimed: dict) -> set:
+        """Normalisation t and the element-wise terms between it and its readers (its
+        scale and shift), when every reader is a gemm: its operand (LayerNorm before the
+        QKV projections) or its epilogue chain (a post-norm residual add); else nothing.
+        Each reader then computes the row's statistics itself (folds.normalised), so the
+        norm needs no kernel. A reader that cannot gets the norm materialised after all
+        (lower.py's NeedsBuffer)."""
+        if self.weight_only(t):
+            return set()
+        group, stack = {t}, [t]
+        while stack:
+            u = stack.pop()
+            if u in self.outputs:
+                return set()
+            for p, _ in self.parents.get(u, []):
+                if p in group:
+                    continue
+                producer = claimed.get(p, (None,))[0]
+                if is_view(p) or (is_elementwise(p) and producer in (None, t)):
+                    group.add(p)
+                    stack.append(p)
+                    continue
+                reader = producer if is_elementwise(p) else p    # an epilogue's gemm
+                try:
+                    if not is_kernel_op(reader) or self._natural(reader)["kind"] != "gemm":
+                        return set()
+                except Unsupported:
+                    return set()
+        return group
 
     def epilogues(self, roots: list) -> tuple[dict, set]:
         """Which point-wise chain roots ride on a producer kernel's epilogue: (chain root

@@ -45,6 +45,7 @@ import re
 
 from apsat.backends.gpu import tiling
 from apsat.backends.gpu.attention import expansion as attention_expansion
+from apsat.backends.gpu.emit import used_vars
 from apsat.backends.gpu.expr import flat, value_nodes, var
 from apsat.backends.gpu.graph import Buffer, HostStep, Kernel, KernelGraph
 from apsat.backends.gpu.inline import Inlining, is_kernel_op
@@ -146,9 +147,14 @@ class _Lowering:
                 try:
                     self._kernel(producer, t, path)
                     return
+                except NeedsBuffer:
+                    raise
                 except Unsupported:
                     self._step(producer, None, None)     # un-fuse: producer, then the chain
             self._kernel(t, None, None)
+        except NeedsBuffer as e:     # a norm this kernel cannot read inline: its own kernel
+            self._step(e.term, None, None)
+            self._step(t, producer, path)
         except Unsupported as e:
             if t.op == "attention":      # no attention kernel: the unfused terms instead
                 self._unfused_attention(t)
@@ -176,6 +182,7 @@ class _Lowering:
         if biggest >= 2 ** 31:
             raise Unsupported(f"a buffer of {biggest:,} elements needs 64-bit indexing, "
                               "which the generated kernels do not use")
+        kernel.stats = _row_stats(kernel, vals)
         out = self._new_buffer(out_dims, "kernel")
         if out_term is not None:
             self.term_buf[out_term] = (out, tuple(out_dims))
@@ -270,7 +277,7 @@ class _Lowering:
         covers = spec.pop("covers")
         if chain is not None:
             o = invert_path(p, path, spec["p"])
-            vals = Values(p, buffers, {t: spec["post"]})
+            vals = Values(p, buffers, {t: spec["post"]}, stats=spec["vals"].stats)
             value = vals.value(chain, o)
             store, out_term, out_dims = flat(o, dims_of(p, chain)), chain, dims_of(p, chain)
             covers = covers + covered_ops(p, chain, buffers, stop=t)
@@ -294,6 +301,34 @@ class _Lowering:
             per = 1 + _ops(values["elem"]) + (2 if spec["op"] in ROW_NORMALISATIONS else 0)
             k.flops = float(a["r"] * a["c"] * per + _ops(value) * out_elems)
         self._finish(k, vals, out_term, out_dims)
+
+
+class NeedsBuffer(Unsupported):
+    """A kernel reads a normalisation inline that it cannot compute the row statistics
+    of (it is not a gemm, or the row varies along n or k): the norm gets a kernel of its
+    own, and the reader is built again."""
+
+    def __init__(self, term: Term, why: str):
+        super().__init__(why)
+        self.term = term
+
+
+_ROW_VARS = re.compile(r"[bms]\d+")
+
+
+def _row_stats(kernel: Kernel, vals: Values) -> list:
+    """The RowStats of the norms kernel's values read inline (folds.normalised), in
+    order; NeedsBuffer where the kernel cannot compute them before its main loop."""
+    stats = list(vals.stats.values())
+    for st in stats:
+        if kernel.kind != "gemm":
+            raise NeedsBuffer(st.term, f"a {kernel.kind} kernel reads {st.op} inline")
+        cross = sorted(v for v in used_vars(st.elem) if not _ROW_VARS.fullmatch(v))
+        if cross:
+            raise NeedsBuffer(st.term, f"{st.op}'s rows vary along {', '.join(cross)}")
+        kernel.flops += 3.0 * math.prod(st.cols) * math.prod(
+            math.prod(d) for g, d in kernel.axes.items() if g in "bm")
+    return stats
 
 
 def _onnx_op(program, t: Term) -> str:

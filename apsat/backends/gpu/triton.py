@@ -31,6 +31,7 @@ from apsat.backends.gpu.emit import Dialect, axis_defs, emit, used_vars
 from apsat.backends.gpu.expr import var
 from apsat.backends.gpu.graph import Kernel
 from apsat.backends.gpu.tiling import attention_pad
+from apsat.backends.gpu.triton_norms import gemm_row_stats, norm_rows
 
 IDENTITY = {"sum": "0.0", "mean": "0.0", "max": 'float("-inf")'}
 
@@ -237,27 +238,34 @@ def _gemm(k: Kernel):
     lines = ["pid_m = tl.program_id(0)", "pid_n = tl.program_id(1)", "pid_b = tl.program_id(2)",
              "rm = pid_m * BM + tl.arange(0, BM)[:, None]",
              "rn = pid_n * BN + tl.arange(0, BN)[None, :]"]
-    used = used_vars(*k.values.values(), k.store)
+    used = used_vars(*k.values.values(), k.store, *(st.elem for st in k.stats))
     lines += axis_defs(d, "b", ax["b"], var("pid_b", bsz), d.assign, used)
     lines += axis_defs(d, "m", ax["m"], var("rm", m), d.assign, used)
     lines += axis_defs(d, "n", ax["n"], var("rn", n), d.assign, used)
+    consts = {"BATCH": bsz, "M": m, "N": n, "K": kk, "BM": bm, "BN": bn, "BK": bk}
+    syms = {}
+    for st in k.stats:
+        lines += gemm_row_stats(st, d, consts)
+        syms.update({f"{st.name}_{q}": f"{st.name}_{q}" for q in ("mean", "den")})
     lines.append("acc = tl.full((BM, BN), 0.0, tl.float32)")
     loop = ["rka = ks + tl.arange(0, BK)[None, :]", "rkb = ks + tl.arange(0, BK)[:, None]",
             "mask_a = (rm < M) & (rka < K)", "mask_b = (rkb < K) & (rn < N)"]
     loop += axis_defs(d, "ka", ax["k"], var("rka", kk), d.assign, used)
     loop += axis_defs(d, "kb", ax["k"], var("rkb", kk), d.assign, used)
-    la, ta = emit(da, {"a": k.values["a"]}, {}, "va")
-    lb, tb = emit(db, {"b": k.values["b"]}, {}, "vb")
+    la, ta = emit(da, {"a": k.values["a"]}, syms, "va")
+    lb, tb = emit(db, {"b": k.values["b"]}, syms, "vb")
     loop += la + [f"a = tl.where(mask_a, {ta['a']}, 0.0)"]
     loop += lb + [f"b = tl.where(mask_b, {tb['b']}, 0.0)"]
     loop.append('acc += tl.dot(a, b, input_precision="ieee")')
     lines += ["for ks in range(0, K, BK):"] + _indent(loop)
     lines.append("mask = (rm < M) & (rn < N)")
-    le, te = emit(d, {"out": k.values["out"]}, {"acc": "acc"}, "ve")
+    le, te = emit(d, {"out": k.values["out"]}, {"acc": "acc", **syms}, "ve")
     lines += le
     lines.append(f"tl.store(out_ptr + {d.ix(k.store)}, {te['out']}, mask=mask)")
-    consts = {"BATCH": bsz, "M": m, "N": n, "K": kk, "BM": bm, "BN": bn, "BK": bk}
     return lines, consts, (_cdiv(m, bm), _cdiv(n, bn), bsz), d
+
+
+
 
 
 def _reduce(k: Kernel):
@@ -306,27 +314,10 @@ def _reduce(k: Kernel):
         lines.append("total = tl.reduce(part, 1, _add)[:, None]")
         lines += chunk("c", ["acc = tl.exp(x - mx) / total"] + finish({"acc": "acc"}, "mask"))
     elif op in ("layer-norm", "rms-norm"):
-        lines += _norm(op, d, chunk, finish, k.eps)
+        lines += norm_rows(op, d, chunk, finish, k.eps)
     else:
         raise AssertionError(op)
     return lines, {"ROWS": rows, "COLS": cols, "BR": br, "BC": bc}, (_cdiv(rows, br),), d
-
-
-def _norm(op: str, d, chunk, finish, eps: float) -> list[str]:
-    """A normalisation row by row (layer-norm: mean, then variance; rms-norm: mean
-    square), then each element normalised and stored through `finish`."""
-    lines = ["part = tl.full((BR, BC), 0.0, tl.float32)"]
-    d.helpers.add("sum")
-    if op == "rms-norm":
-        lines += chunk("a", ["part += tl.where(mask, x * x, 0.0)"])
-        lines.append(f"rms_den = tl.sqrt_rn(tl.reduce(part, 1, _add)[:, None] / COLS + {d.const(eps)})")
-        return lines + chunk("b", ["acc = x / rms_den"] + finish({"acc": "acc"}, "mask"))
-    lines += chunk("a", ["part += tl.where(mask, x, 0.0)"])
-    lines.append("mean = tl.reduce(part, 1, _add)[:, None] / COLS")
-    lines.append("part = tl.full((BR, BC), 0.0, tl.float32)")
-    lines += chunk("b", ["part += tl.where(mask, (x - mean) * (x - mean), 0.0)"])
-    lines.append(f"rstd_den = tl.sqrt_rn(tl.reduce(part, 1, _add)[:, None] / COLS + {d.const(eps)})")
-    return lines + chunk("c", ["acc = (x - mean) / rstd_den"] + finish({"acc": "acc"}, "mask"))
 
 
 def _attention(k: Kernel):

@@ -17,7 +17,6 @@ for each element it produced, where the chain's result for that element goes.
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 from apsat.backends.gpu.expr import (
@@ -34,6 +33,7 @@ from apsat.backends.gpu.expr import (
     vge,
     where,
 )
+from apsat.backends.gpu.folds import FOLD, NORMALISED, UNROLL_LIMIT, normalised, unrolled
 from apsat.lang import formula as fm
 from apsat.lang.ops import COMPUTE_OPS, LOCAL_OPS, NARY_OPS, UNARY_MAPS, chain_parts
 from apsat.lang.term import Term
@@ -46,13 +46,8 @@ from apsat.errors import ApsatError
 # its other parts are unary maps.
 
 
-# Reductions a kernel may compute inline, unrolled, when their item is small (at most
-# UNROLL_LIMIT values an output): each folds its item with one function, a mean then
-# divides by the count; a dot-product folds its operands' products.
-_FOLD = {"reduce-sum": "add", "reduce-mean": "add", "reduce-max": "max", "dot-product": "add"}
 UNROLLED_REDUCTIONS = frozenset(n for n, s in COMPUTE_OPS.items()
-                                if s.kind in ("reduction", "contraction") and n in _FOLD)
-UNROLL_LIMIT = 27
+                                if s.kind in ("reduction", "contraction") and n in FOLD)
 
 
 class Unsupported(ApsatError):
@@ -85,11 +80,14 @@ class Values:
 
     buffers: term -> (buffer name, dims) for every materialised term (inputs, kernel and
     host-step results) the kernel may load from; fused: term -> value expression for the
-    one producer whose result the kernel holds in registers (the epilogue case)."""
+    one producer whose result the kernel holds in registers (the epilogue case); stats:
+    the row statistics registry to share with another Values of the same kernel."""
 
-    def __init__(self, program, buffers: dict, fused: dict | None = None):
+    def __init__(self, program, buffers: dict, fused: dict | None = None, stats: dict | None = None):
         self.program, self.buffers, self.fused = program, buffers, dict(fused or {})
         self.read: dict[str, tuple] = {}        # buffer name -> dims, in first-read order
+        # (normalisation, row index) -> folds.RowStats the kernel computes first
+        self.stats: dict = {} if stats is None else stats
         self._memo: dict = {}
 
     def dims(self, term):
@@ -158,6 +156,8 @@ class Values:
             return self._compute(t, idx, conds)
         if op == "compute" and t.args[0].op in UNROLLED_REDUCTIONS:
             return self._unrolled(t, idx, conds)
+        if op == "compute" and t.args[0].op in NORMALISED:
+            return normalised(self, t, idx, conds)
         raise Unsupported(f"{op} cannot be read as a view inside a kernel")
 
     def _pick(self, k: Ix, operand):
@@ -200,30 +200,14 @@ class Values:
                      self.value(b, shifted, conds + (("ge", idx[axis], da),)))
 
     def _unrolled(self, t, idx, conds):
-        """A reduction over a small item, its values folded in order (a 3x3 max pool, a
-        depthwise 3x3 tap sum) inside the kernel that reads it; the lowering decides
-        which (lower.py), no larger than UNROLL_LIMIT values an output."""
+        """A small reduction folded here (folds.unrolled), at most UNROLL_LIMIT values."""
         name, x_term = t.args[0].op, t.args[1]
-        n = n_iter(self.program, x_term)
-        item = self.dims(x_term)[n:]
-        taps = item[1:] if name == "dot-product" else item
-        if math.prod(taps) > UNROLL_LIMIT:
-            raise Unsupported(f"{name} over {math.prod(taps)} values is a kernel of its own, "
+        item = self.dims(x_term)[n_iter(self.program, x_term):]
+        taps = math.prod(item[1:] if name == "dot-product" else item)
+        if taps > UNROLL_LIMIT:
+            raise Unsupported(f"{name} over {taps} values is a kernel of its own, "
                               f"not unrolled (at most {UNROLL_LIMIT})")
-        acc = None
-        for tap in itertools.product(*(range(d) for d in taps)):
-            tap = tuple(const(k) for k in tap)
-            if name == "dot-product":
-                factors = [self.value(x_term, idx + (const(o),) + tap, conds) for o in range(item[0])]
-                v = factors[0]
-                for f in factors[1:]:
-                    v = call("mul", v, f)
-            else:
-                v = self.value(x_term, idx + tap, conds)
-            acc = v if acc is None else call(_FOLD[name], acc, v)
-        if name == "reduce-mean":
-            acc = call("div", acc, fconst(float(math.prod(taps))))
-        return acc
+        return unrolled(self, t, idx, conds)
 
     def _compute(self, t, idx, conds):
         """An inlined element-wise operator, in the float32 steps the reference takes."""

@@ -80,6 +80,32 @@ KERNELS = {
         "(access (compute (layer-norm 1e-05) (access (access-tensor x) 1)) 2) "
         + _bcast("s", 37, 1, (5, 37)) + ")) " + _bcast("c", 37, 1, (5, 37)) + "))",
         {"x": (5, 37), "s": (37,), "c": (37,)}, ["reduce"]),
+    # gemm reading a norm inline (folds.normalised): each tile computes its rows'
+    # statistics first; pre-norm with scale and shift, rms-norm with a scale, and
+    # post-norm, the norm read by the operand and by the residual add in the epilogue
+    "layernorm-gemm": (
+        "(fused-dot-bias (access (compute elementwise-add (access-pair (compute elementwise-mul (access-pair "
+        "(access (compute (layer-norm 1e-05) (access (access-tensor x) 1)) 2) "
+        + _bcast("s", 45, 1, (37, 45)) + ")) " + _bcast("c", 45, 1, (37, 45)) + ")) 1) "
+        "(access (access-tensor w) 1) (access (access-tensor b) 1))",
+        {"x": (37, 45), "s": (45,), "c": (45,), "w": (23, 45), "b": (23,)}, ["gemm"]),
+    "rmsnorm-gemm": (
+        "(fused-dot-bias-act relu (access (compute elementwise-mul (access-pair "
+        "(access (compute (rms-norm 1e-06) (access (access-tensor x) 2)) 3) "
+        + _bcast("s", 45, 2, (2, 19, 45)) + ")) 2) (access (access-tensor w) 1) (access (access-tensor b) 1))",
+        {"x": (2, 19, 45), "s": (45,), "w": (23, 45), "b": (23,)}, ["gemm"]),
+    "layernorm-residual": (
+        "(compute elementwise-add (access-pair (access (fused-dot-bias "
+        "(access (compute (layer-norm 1e-05) (access (access-tensor x) 1)) 1) "
+        "(access (access-tensor w) 1) (access (access-tensor b) 1)) 2) "
+        "(access (compute (layer-norm 1e-05) (access (access-tensor x) 1)) 2)))",
+        {"x": (37, 45), "w": (45, 45), "b": (45,)}, ["gemm"]),
+    # a norm read as the B operand: its rows vary along n, so the gemm cannot compute
+    # their statistics before its main loop, and the norm keeps a kernel of its own
+    "layernorm-gemm-b-side": (
+        "(fused-dot-bias (access (access-tensor x) 1) "
+        "(access (compute (layer-norm 1e-05) (access (access-tensor y) 1)) 1) (access (access-tensor b) 1))",
+        {"x": (37, 45), "y": (23, 45), "b": (23,)}, ["reduce", "gemm"]),
     # elementwise chains
     "chain-gelu-sigmoid-tanh": (
         "(compute gelu (compute elementwise-mul (access-pair (compute sigmoid (access-tensor x)) (compute tanh (compute negative (access-tensor y))))))",

@@ -17,7 +17,8 @@ needs_nvcc = pytest.mark.skipif(cuda.nvcc_path() is None,
 # One case per kernel kind and variant (each compiles in about half a second).
 CASES = ["gemm-relu", "gemm-batched", "gemm-residual", "conv-clip", "gemv-sigmoid", "maxpool",
          "mean-long-rows", "softmax-long-rows", "layernorm-affine", "chain-gelu-sigmoid-tanh",
-         "pow", "lrn", "select", "chain-op-mul-tanh-sigmoid", "gemm-chain-residual"]
+         "pow", "lrn", "select", "chain-op-mul-tanh-sigmoid", "gemm-chain-residual",
+         "layernorm-gemm", "rmsnorm-gemm", "layernorm-residual"]
 
 
 def _kernels(case):
@@ -37,7 +38,10 @@ def test_cuda_kernels_compile_for_sm90(case, tmp_path):
         assert res["spill_stores"] == 0 and (tmp_path / f"{k.name}.cubin").stat().st_size > 0
         if k.kind == "gemm":
             t = launch["tiles"]
-            assert res["shared_bytes"] == (t["BM"] + t["BN"]) * t["BK"] * 4
+            # the A and B tiles, and per norm read inline its rows' statistics (mean and
+            # den for layer-norm, den for rms-norm)
+            stats = sum(1 if st.op == "rms-norm" else 2 for st in k.stats) * t["BM"]
+            assert res["shared_bytes"] == ((t["BM"] + t["BN"]) * t["BK"] + stats) * 4
 
 
 @needs_nvcc

@@ -34,18 +34,21 @@ def test_small_convnet_kernels():
 
 
 def test_encoder_block_kernels():
-    """Layer norm with its scale and shift, Q/K/V projections, scores with the 1/sqrt(d)
-    scale in the epilogue, softmax, context, output projection with the residual add,
-    second layer norm, GELU MLP with the second residual: eleven kernels."""
+    """Q and K projections, each reading the first layer norm (scale and shift included)
+    through its rows' statistics; scores with the 1/sqrt(d) scale in the epilogue,
+    softmax, the V projection (the norm again), context, output projection with the
+    residual add, the GELU MLP reading the second layer norm, its second residual: nine
+    kernels, no norm kernel."""
     _, g = _graph("encoder_block")
     kinds = [(k.kind, k.op) for k in g.kernels]
-    assert kinds == [("reduce", "layer-norm"), ("gemm", ""), ("gemm", ""), ("gemm", ""),
-                     ("reduce", "softmax"), ("gemm", ""), ("gemm", ""), ("gemm", ""),
-                     ("reduce", "layer-norm"), ("gemm", ""), ("gemm", "")]
-    assert "elementwise-div" in g.kernels[3].covers         # scores / sqrt(d)
-    assert "fused-dot-bias-act gelu" in g.kernels[9].covers
-    assert "elementwise-add" in g.kernels[10].covers         # residual in the epilogue
-    batched = g.kernels[3]
+    assert kinds == [("gemm", ""), ("gemm", ""), ("gemm", ""), ("reduce", "softmax"),
+                     ("gemm", ""), ("gemm", ""), ("gemm", ""), ("gemm", ""), ("gemm", "")]
+    assert [[st.op for st in k.stats] for k in g.kernels] == [
+        ["layer-norm"], ["layer-norm"], [], [], ["layer-norm"], [], [], ["layer-norm"], []]
+    assert "elementwise-div" in g.kernels[2].covers         # scores / sqrt(d)
+    assert "fused-dot-bias-act gelu" in g.kernels[7].covers
+    assert "elementwise-add" in g.kernels[8].covers         # residual in the epilogue
+    batched = g.kernels[2]
     assert batched.axes["b"] == (2, 4) and batched.axes["m"] == (8,) and batched.axes["n"] == (8,)
 
 

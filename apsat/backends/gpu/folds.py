@@ -1,0 +1,85 @@
+"""Reductions read inside another kernel (views.Values calls these; inline.py decides
+when): a small reduction unrolled, and a row normalisation read through its row's
+statistics.
+
+* `unrolled`: a reduction over at most UNROLL_LIMIT values an output (a 3x3 pool, a
+  depthwise 3x3 convolution), its values folded in order where it is read.
+* `normalised`: layer-norm or rms-norm at an element, (x - mean) / den or x / den, with
+  mean and den symbols of the element's row. The kernel computes them before its main
+  loop, in a pass over the row (RowStats: the element expression over the row's columns,
+  in variables s0, s1, ...), the same float32 steps the norm's own kernel takes. A gemm
+  reading a norm's output as its A operand (a transformer's LayerNorm before the QKV or
+  MLP projection) or in its epilogue (a post-norm residual) so needs no norm kernel.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from apsat.backends.gpu.expr import call, const, fconst, var
+
+# Reductions a kernel may compute inline, unrolled, when their item is small (at most
+# UNROLL_LIMIT values an output): each folds its item with one function, a mean then
+# divides by the count; a dot-product folds its operands' products.
+FOLD = {"reduce-sum": "add", "reduce-mean": "add", "reduce-max": "max", "dot-product": "add"}
+UNROLL_LIMIT = 27
+# Row normalisations read through their row's statistics (semantics.layer_norm, rms_norm).
+NORMALISED = ("layer-norm", "rms-norm")
+
+
+@dataclass
+class RowStats:
+    """The statistics of one row of a normalisation, computed by the reading kernel
+    before its main loop: `name`_mean (layer-norm only) and `name`_den, the row's
+    sqrt(variance + eps) or sqrt(mean square + eps). elem: the row's element over the
+    column variables s0, s1, ... (sizes `cols`) and the kernel's own row variables.
+    term: the normalisation, to materialise instead when the kernel cannot do this."""
+
+    name: str
+    op: str
+    eps: float
+    elem: tuple
+    cols: tuple
+    term: object
+
+
+def unrolled(vals, t, idx, conds):
+    """Reduction t at index idx: its item's values folded in order."""
+    name, x_term = t.args[0].op, t.args[1]
+    n = len(vals.program.shape_of(x_term)[0])
+    item = vals.dims(x_term)[n:]
+    taps = item[1:] if name == "dot-product" else item
+    acc = None
+    for tap in itertools.product(*(range(d) for d in taps)):
+        tap = tuple(const(k) for k in tap)
+        if name == "dot-product":
+            v = vals.value(x_term, idx + (const(0),) + tap, conds)
+            for o in range(1, item[0]):
+                v = call("mul", v, vals.value(x_term, idx + (const(o),) + tap, conds))
+        else:
+            v = vals.value(x_term, idx + tap, conds)
+        acc = v if acc is None else call(FOLD[name], acc, v)
+    if name == "reduce-mean":
+        acc = call("div", acc, fconst(float(math.prod(taps))))
+    return acc
+
+
+def normalised(vals, t, idx, conds):
+    """Normalisation t at index idx, through its row's statistics (registered in
+    vals.stats, one RowStats per distinct row index)."""
+    op, x_term = t.args[0].op, t.args[1]
+    n = len(vals.program.shape_of(x_term)[0])
+    rows, cols = tuple(idx[:n]), vals.dims(x_term)[n:]
+    key = (t, rows)
+    if key not in vals.stats:
+        name = f"st{len(vals.stats)}"
+        s = tuple(var(f"s{i}", d) for i, d in enumerate(cols))
+        eps = float(t.args[0].args[0]) if t.args[0].args else 0.0
+        vals.stats[key] = RowStats(name, op, eps, vals.value(x_term, rows + s), tuple(cols), t)
+    st = vals.stats[key]
+    x = vals.value(x_term, idx, conds)
+    den = ("sym", f"{st.name}_den")
+    if op == "rms-norm":
+        return call("div", x, den)
+    return call("div", call("sub", x, ("sym", f"{st.name}_mean")), den)
