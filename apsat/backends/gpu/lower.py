@@ -49,6 +49,7 @@ from apsat.backends.gpu.emit import used_vars
 from apsat.backends.gpu.expr import flat, value_nodes, var
 from apsat.backends.gpu.graph import Buffer, HostStep, Kernel, KernelGraph
 from apsat.backends.gpu.inline import Inlining, is_kernel_op
+from apsat.backends.gpu.merge import merge_siblings
 from apsat.backends.gpu.regions import ROW_NORMALISATIONS, covered_ops, natural
 from apsat.backends.gpu.views import (
     Unsupported,
@@ -85,8 +86,17 @@ def lower(program: Program, tiles: dict | None = None) -> KernelGraph:
 
     tiles: optional tile parameters, by kernel name or by kind ("gemm", "reduce",
     "attention", "elementwise"), each a dict such as {"BM": 32, "BN": 32, "BK": 16};
-    missing ones come from the search in apsat/backends/gpu/tiling.py."""
-    return _Lowering(program, tiles or {}).run()
+    missing ones come from the search in apsat/backends/gpu/tiling.py.
+
+    Sibling products (Q, K and V projections of one input) are merged into one gemm
+    (merge.py) when that leaves fewer kernels and no more host steps."""
+    graph = _Lowering(program, tiles or {}).run()
+    merged = merge_siblings(program)
+    if merged is not program:
+        other = _Lowering(merged, tiles or {}).run()
+        if len(other.kernels) < len(graph.kernels) and len(other.host_steps) <= len(graph.host_steps):
+            return other
+    return graph
 
 
 class _Lowering:

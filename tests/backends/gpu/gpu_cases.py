@@ -17,6 +17,25 @@ import numpy as np
 RTOL, ATOL = 1e-5, 1e-6
 
 
+def optimized_matches_onnxruntime(model, triton_run):
+    """apsat.optimize(model) for the gpu target, its kernels run under Triton, checked
+    against onnxruntime on the model (apsat.pipeline.verify's tolerances); returns the
+    result and its kernel graph."""
+    import apsat
+    from apsat.backends.gpu.lower import lower
+    from apsat.pipeline.verify import compare
+    from apsat.pipeline.zoo import ort_run, random_inputs
+
+    res = apsat.optimize(apsat.load_onnx(model), target="gpu", verify=False)
+    inputs = random_inputs(res.model, 0)
+    want = ort_run(res.model.onnx, inputs)
+    got = triton_run(res.program, {**res.model.weights, **inputs})
+    got = got if isinstance(got, dict) else {next(iter(res.program.outputs)): got}
+    v = compare(want, got)
+    assert v.ok, v
+    return res, lower(res.program)
+
+
 def assert_close(got, want, rtol=RTOL, atol=ATOL):
     """|got - want| <= atol * scale + rtol * |want| elementwise (nan where want is nan)."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)

@@ -34,21 +34,22 @@ def test_small_convnet_kernels():
 
 
 def test_encoder_block_kernels():
-    """Q and K projections, each reading the first layer norm (scale and shift included)
-    through its rows' statistics; scores with the 1/sqrt(d) scale in the epilogue,
-    softmax, the V projection (the norm again), context, output projection with the
-    residual add, the GELU MLP reading the second layer norm, its second residual: nine
+    """Q, K and V projections merged into one gemm (merge.py) that reads the first layer
+    norm (scale and shift included) through its rows' statistics; scores with the
+    1/sqrt(d) scale in the epilogue, softmax, context, output projection with the
+    residual add, the GELU MLP reading the second layer norm, its second residual: seven
     kernels, no norm kernel."""
     _, g = _graph("encoder_block")
     kinds = [(k.kind, k.op) for k in g.kernels]
-    assert kinds == [("gemm", ""), ("gemm", ""), ("gemm", ""), ("reduce", "softmax"),
-                     ("gemm", ""), ("gemm", ""), ("gemm", ""), ("gemm", ""), ("gemm", "")]
+    assert kinds == [("gemm", ""), ("gemm", ""), ("reduce", "softmax"), ("gemm", ""),
+                     ("gemm", ""), ("gemm", ""), ("gemm", "")]
     assert [[st.op for st in k.stats] for k in g.kernels] == [
-        ["layer-norm"], ["layer-norm"], [], [], ["layer-norm"], [], [], ["layer-norm"], []]
-    assert "elementwise-div" in g.kernels[2].covers         # scores / sqrt(d)
-    assert "fused-dot-bias-act gelu" in g.kernels[7].covers
-    assert "elementwise-add" in g.kernels[8].covers         # residual in the epilogue
-    batched = g.kernels[2]
+        ["layer-norm"], [], [], [], [], ["layer-norm"], []]
+    assert g.kernels[0].axes["n"] == (96,)                   # Q, K and V: 3 x 32 columns
+    assert "elementwise-div" in g.kernels[1].covers         # scores / sqrt(d)
+    assert "fused-dot-bias-act gelu" in g.kernels[5].covers
+    assert "elementwise-add" in g.kernels[6].covers         # residual in the epilogue
+    batched = g.kernels[1]
     assert batched.axes["b"] == (2, 4) and batched.axes["m"] == (8,) and batched.axes["n"] == (8,)
 
 

@@ -6,27 +6,20 @@ which kernels remain and equals onnxruntime under the Triton interpreter
 from __future__ import annotations
 
 import numpy as np
+from gpu_cases import optimized_matches_onnxruntime
 from models import make_model
 from onnx import helper
 
 import apsat
 from apsat.backends.gpu.expr import value_nodes
 from apsat.backends.gpu.lower import lower
-from apsat.pipeline.verify import compare
-from apsat.pipeline.zoo import ort_run, random_inputs
 
 
 def _run(model, triton_run):
-    res = apsat.optimize(apsat.load_onnx(model), target="gpu", verify=False)
-    inputs = random_inputs(res.model, 0)
-    want = ort_run(res.model.onnx, inputs)
-    got = triton_run(res.program, {**res.model.weights, **inputs})
-    got = got if isinstance(got, dict) else {next(iter(res.program.outputs)): got}
-    v = compare(want, got)
-    assert v.ok, v
-    graph = lower(res.program)
+    """The per-inference kernels, after checking them against onnxruntime; without the
+    copy of an output that is a view (NCHW of the gemm's rows)."""
+    _, graph = optimized_matches_onnxruntime(model, triton_run)
     once = {s.name for s in graph.prepare_steps}
-    # per inference, without the copy of an output that is a view (NCHW of the gemm's rows)
     return [k for k in graph.kernels if k.name not in once and not k.name.endswith("_copy")]
 
 
@@ -77,16 +70,16 @@ def test_channel_scale_is_the_projection_prologue(triton_run):
 
 
 def test_a_chain_with_two_consumers_keeps_its_kernel():
-    """Relu read by two convolutions: computed once, stored, read twice (no recompute
-    across kernels)."""
+    """Relu read by a 1x1 and a 3x3 convolution (different windows, so not one merged
+    product): computed once, stored, read twice (no recompute across kernels)."""
     rng = np.random.default_rng(1)
     w = {"w1": (rng.standard_normal((3, 4, 1, 1)) * 0.3).astype(np.float32),
-         "w2": (rng.standard_normal((3, 4, 1, 1)) * 0.3).astype(np.float32),
+         "w2": (rng.standard_normal((3, 4, 3, 3)) * 0.3).astype(np.float32),
          "b": rng.standard_normal((1, 4, 1, 1)).astype(np.float32)}
     nodes = [helper.make_node("Add", ["x", "b"], ["a"]),
              helper.make_node("Relu", ["a"], ["r"]),
              helper.make_node("Conv", ["r", "w1"], ["y1"], kernel_shape=[1, 1]),
-             helper.make_node("Conv", ["r", "w2"], ["y2"], kernel_shape=[1, 1])]
+             helper.make_node("Conv", ["r", "w2"], ["y2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
     res = apsat.optimize(apsat.load_onnx(make_model(nodes, {"x": (1, 4, 5, 5)}, ["y1", "y2"], w)),
                          target="gpu")
     assert res.report["verification"]["ok"]

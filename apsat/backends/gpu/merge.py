@@ -1,0 +1,148 @@
+"""Sibling products merged into one wider gemm before lowering.
+
+Products that read the same A operand with different weights (a transformer's Q, K and V
+projections, Llama's gate and up projections, an Inception module's 1x1 branches) become
+one product over the weights concatenated along n; each original product is a slice of
+it, a view its consumers index into. One kernel reads A once instead of once a product.
+
+The e-graph has the same merge as rewrite rules, but greedy-DAG extraction cannot take
+it: it prices each slice as the whole wider product, blind to the other slices sharing
+it. Here the sharing is visible, so the lowering (lower.py) builds both kernel graphs
+and keeps the merged one when it has fewer kernels.
+
+Merged: `fused-dot-bias` (and `fused-dot-bias-act` with the same activation) with one A
+term, and `compute dot-product` over `access-cartesian-product` with one first operand;
+each with a single n axis, its weights (and bias) weight-only, so no product can depend
+on a sibling. A program output is never merged (it would need a copy out).
+"""
+from __future__ import annotations
+
+from apsat.lang.program import Program, apply_shape_rule
+from apsat.lang.term import Term
+
+
+def merge_siblings(program: Program) -> Program:
+    """`program` with each group of sibling products replaced by slices of one product
+    (the module doc); `program` itself when there is none."""
+    groups: dict = {}
+    for t in program.terms():
+        key = _sibling_key(program, t)
+        if key is not None:
+            groups.setdefault(key, []).append(t)
+    shapes: dict = {}
+
+    def shape_of(term):
+        return shapes[term] if term in shapes else program.shape_of(term)
+
+    def make(op, *args):
+        term = Term(op, tuple(args))
+        if term not in shapes:
+            shapes[term] = apply_shape_rule(op, term.args, shape_of, program.tensor_shapes)
+        return term
+
+    replace: dict[Term, Term] = {}
+    for ts in groups.values():
+        if len(ts) > 1:
+            replace.update(_merge(program, ts, make))
+    if not replace:
+        return program
+    return _rebuild(program, replace, shapes)
+
+
+def _sibling_key(program: Program, t: Term):
+    """The key products sharing their A operand (and activation) have in common, or None
+    when t is not a product that can merge."""
+    if t in program.outputs.values():
+        return None
+    if t.op in ("fused-dot-bias", "fused-dot-bias-act"):
+        first = 0 if t.op == "fused-dot-bias" else 1
+        a, b, bias = t.args[first:first + 3]
+        if len(program.shape_of(b)[0]) == 1 and _weight_only(program, b) and _weight_only(program, bias):
+            return (t.op, t.args[:first], a, program.shape_of(b)[1])
+    if (t.op == "compute" and t.args[0].op == "dot-product" and t.args[1].op == "access-cartesian-product"):
+        a, b = t.args[1].args
+        if len(program.shape_of(b)[0]) == 1 and _weight_only(program, b):
+            return ("cartesian", a, program.shape_of(b)[1])
+    return None
+
+
+def _weight_only(program: Program, term: Term) -> bool:
+    return all(u.args[0] in program.weights for u in _leaves(term))
+
+
+def _leaves(term: Term):
+    """The access-tensor terms under `term` (opaque calls count as non-weights)."""
+    seen, stack = set(), [term]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op == "access-tensor":
+            yield u
+        elif u.op == "opaque":
+            yield Term("access-tensor", ("",))     # never a weight name
+        stack.extend(u.children())
+
+
+def _merge(program: Program, ts: list, make) -> dict:
+    """{product: slice of the merged product} for one group of siblings."""
+    def cat(parts):
+        out = parts[0]
+        for p in parts[1:]:
+            out = make("access-concatenate", out, p, 0)
+        return out
+
+    t0 = ts[0]
+    if t0.op == "compute":
+        a = t0.args[1].args[0]
+        weights = cat([t.args[1].args[1] for t in ts])
+        merged = make("compute", t0.args[0], make("access-cartesian-product", a, weights))
+        axis = len(program.shape_of(a)[0])
+    else:
+        first = 0 if t0.op == "fused-dot-bias" else 1
+        a = t0.args[first]
+        weights = cat([t.args[first + 1] for t in ts])
+        bias = cat([t.args[first + 2] for t in ts])
+        merged = make(t0.op, *t0.args[:first], a, weights, bias)
+        axis = len(program.shape_of(a)[0])
+    out, lo = {}, 0
+    for t in ts:
+        n = program.shape_of(t)[0][axis]
+        out[t] = make("access-slice", merged, axis, lo, lo + n)
+        lo += n
+    return out
+
+
+def _rebuild(program: Program, replace: dict, shapes: dict) -> Program:
+    """The program with the replaced terms' uses reading their replacements, rebuilt
+    bottom-up (a replacement's own operands are rebuilt too: a later layer's A reads an
+    earlier layer's merged products); each term keeps its shape."""
+    memo: dict[Term, Term] = {}
+    known: dict = {}
+    for root in program.outputs.values():
+        stack = [root]
+        while stack:
+            u = stack[-1]
+            if u in memo:
+                stack.pop()
+                continue
+            src = replace.get(u, u)
+            todo = [c for c in src.children() if c not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            memo[u] = _with_children(src, memo)
+            known[memo[u]] = shapes[u] if u in shapes else program.shape_of(u)
+    outputs = {k: memo[t] for k, t in program.outputs.items()}
+    return Program(outputs, program.tensor_shapes, program.opaque_nodes, program.weights,
+                   program.cost, program.extraction, known_shapes=known)
+
+
+def _with_children(t: Term, memo: dict) -> Term:
+    """t with each child term (also inside a tuple of terms) replaced by memo's."""
+    args = tuple(memo.get(a, a) if isinstance(a, Term) else
+                 tuple(memo.get(b, b) if isinstance(b, Term) else b for b in a) if isinstance(a, tuple) else a
+                 for a in t.args)
+    return t if args == t.args else Term(t.op, args)

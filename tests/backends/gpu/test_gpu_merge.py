@@ -1,0 +1,76 @@
+"""Sibling products merged into one gemm (apsat/backends/gpu/merge.py): which products
+merge, which do not and why, and that the merged kernels equal onnxruntime under the
+Triton interpreter (apsat.pipeline.verify's tolerances: rtol 1e-4, atol 1e-5 x the
+output's scale)."""
+from __future__ import annotations
+
+import numpy as np
+from gpu_cases import optimized_matches_onnxruntime
+from models import make_model
+from onnx import helper
+
+import apsat
+from apsat.backends.gpu.lower import lower
+from apsat.backends.gpu.merge import merge_siblings
+
+
+def _projections(bias=True, seed=0):
+    """x (2, 5, 12) projected three ways (MatMul [+ Add bias]) to 7, 9 and 7 columns;
+    y = q * k + v (the products are not outputs themselves)."""
+    rng = np.random.default_rng(seed)
+    w = {}
+    nodes = []
+    for name, n in (("q", 7), ("k", 9), ("v", 7)):
+        w[f"w{name}"] = (rng.standard_normal((12, n)) * 0.3).astype(np.float32)
+        out = f"{name}m" if bias else name
+        nodes.append(helper.make_node("MatMul", ["x", f"w{name}"], [out]))
+        if bias:
+            w[f"b{name}"] = rng.standard_normal(n).astype(np.float32)
+            nodes.append(helper.make_node("Add", [out, f"b{name}"], [name]))
+    w["sel"] = np.arange(9, dtype=np.int64)[:7]
+    nodes += [helper.make_node("Gather", ["k", "sel"], ["k7"], axis=2),
+              helper.make_node("Mul", ["q", "k7"], ["qk"]),
+              helper.make_node("Add", ["qk", "v"], ["y"])]
+    return make_model(nodes, {"x": (2, 5, 12)}, ["y"], w)
+
+
+def _gemms(graph):
+    return [k for k in graph.kernels if k.kind == "gemm"]
+
+
+def test_three_projections_of_one_input_are_one_gemm(triton_run):
+    _, graph = optimized_matches_onnxruntime(_projections(bias=True), triton_run)
+    (gemm,) = _gemms(graph)
+    assert gemm.axes["n"] == (23,)                  # 7 + 9 + 7 columns
+    assert {"wq", "wk", "wv", "bq", "bk", "bv"} <= set(gemm.reads)
+
+
+def test_projections_without_bias_merge_too(triton_run):
+    """MatMul alone is a dot-product over a cartesian product: merged the same way."""
+    _, graph = optimized_matches_onnxruntime(_projections(bias=False), triton_run)
+    (gemm,) = _gemms(graph)
+    assert gemm.axes["n"] == (23,)
+
+
+def test_products_of_per_inference_operands_do_not_merge():
+    """x @ y1 and x @ y2 with y1, y2 graph inputs: the B side is not weights, so a
+    product could depend on its sibling; nothing merges."""
+    nodes = [helper.make_node("MatMul", ["x", "y1"], ["a"]),
+             helper.make_node("MatMul", ["x", "y2"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    res = apsat.optimize(apsat.load_onnx(make_model(nodes, {"x": (4, 6), "y1": (6, 5), "y2": (6, 5)}, ["y"])),
+                         target="gpu", verify=False)
+    assert merge_siblings(res.program) is res.program
+    assert len(_gemms(lower(res.program))) == 2
+
+
+def test_program_outputs_are_not_merged():
+    """Two projections that are both outputs: merging would need a copy of each slice."""
+    rng = np.random.default_rng(3)
+    w = {"w1": rng.standard_normal((6, 5)).astype(np.float32),
+         "w2": rng.standard_normal((6, 5)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]),
+             helper.make_node("MatMul", ["x", "w2"], ["b"])]
+    res = apsat.optimize(apsat.load_onnx(make_model(nodes, {"x": (4, 6)}, ["a", "b"], w)),
+                         target="gpu", verify=False)
+    assert merge_siblings(res.program) is res.program
