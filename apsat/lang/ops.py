@@ -188,6 +188,9 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
     ComputeSpec("gelu-tanh", (), "map",
                 "tanh GELU: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))).", ("Gelu",),
                 scalar=0.5 * X * (tanh(X * (GELU_C * X * X + GELU_B)) + 1.0), activation=True),
+    ComputeSpec("silu", (), "map",
+                "SiLU (swish): x * sigmoid(x); built by the fusion rules from the Mul(x, Sigmoid(x)) "
+                "exporters write (EfficientNet, Llama's MLP).", (), scalar=X * sigmoid(X), activation=True),
     ComputeSpec("hard-sigmoid", ("float", "float"), "map", "max(0, min(1, alpha * x + beta)).",
                 ("HardSigmoid",), scalar=_hard_sigmoid(X, param(0), param(1)), activation=True),
     ComputeSpec("hard-swish", (), "map", "x * hard-sigmoid(x) with alpha 1/6, beta 0.5 (ONNX's).",

@@ -183,6 +183,8 @@ REACH = [
      "(access-reshape (compute dot-product (access-pair ?x (access-broadcast (access-reshape "
      "(compute elementwise-mul ?p) ?lw) ?tw))) ?ly)"),
     ("fusion/gelu-erf", gelu_text(MM), "(compute gelu ?x)"),
+    ("fusion/silu", mul(MM, f"(compute sigmoid {MM})"), "(compute silu ?x)"),
+    ("fusion/silu-commuted", mul(f"(compute sigmoid {MM})", MM), "(compute silu ?x)"),
     *ACTIVATION_REACH,
     # runs of element-wise ops: one chain operator (residual add -> relu, mul -> tanh)
     ("fusion/chain", f"(compute relu {add(A, A)})", "(compute (chain elementwise-add relu) ?x)"),
@@ -231,6 +233,8 @@ REFUSE = [
     ("fusion/shift-merge", add(add(CONV, HVEC), vec("q", "1 1 1 4", "1 5 4 4"))),
     ("fusion/shift-scale-merge", mul(add(CONV, CVEC), HVEC)),         # lengths 5 and 4
     ("fusion/gelu-erf", gelu_text(MM, sqrt2=1.7320508075688772)),      # x / sqrt 3: not GELU
+    ("fusion/silu", mul(A, "(compute sigmoid (access (access-tensor a2) 1))")),  # x * sigmoid(y)
+    ("fusion/silu-commuted", mul("(compute sigmoid (access (access-tensor a2) 1))", A)),
     *ACTIVATION_REFUSE,
     # not element-wise on top or underneath: softmax/layer-norm/lrn/reductions/dot-product
     ("fusion/chain", f"(compute softmax {add(A, A)})"),                    # softmax after an add

@@ -10,10 +10,11 @@ it: it prices each slice as the whole wider product, blind to the other slices s
 it. Here the sharing is visible, so the lowering (lower.py) builds both kernel graphs
 and keeps the merged one when it has fewer kernels.
 
-Merged: `fused-dot-bias` (and `fused-dot-bias-act` with the same activation) with one A
-term, and `compute dot-product` over `access-cartesian-product` with one first operand;
-each with a single n axis, its weights (and bias) weight-only, so no product can depend
-on a sibling. A program output is never merged (it would need a copy out).
+Merged: `fused-dot-bias`, `fused-dot-bias-act` and `compute dot-product` over
+`access-cartesian-product`, in any mix, reading one A term; each with a single n axis,
+its weights (and bias) weight-only, so no product can depend on a sibling. Llama's gate
+(with SiLU in its atom) and up (a plain product) merge: the activation then applies to
+the gate's slice. A program output is never merged (it would need a copy out).
 """
 from __future__ import annotations
 
@@ -50,19 +51,28 @@ def merge_siblings(program: Program) -> Program:
 
 
 def _sibling_key(program: Program, t: Term):
-    """The key products sharing their A operand (and activation) have in common, or None
-    when t is not a product that can merge."""
-    if t in program.outputs.values():
+    """The key products sharing their A operand have in common (A and the contracted
+    dims), or None when t is not a product that can merge."""
+    parts = _parts(t)
+    if parts is None or t in program.outputs.values():
         return None
-    if t.op in ("fused-dot-bias", "fused-dot-bias-act"):
-        first = 0 if t.op == "fused-dot-bias" else 1
-        a, b, bias = t.args[first:first + 3]
-        if len(program.shape_of(b)[0]) == 1 and _weight_only(program, b) and _weight_only(program, bias):
-            return (t.op, t.args[:first], a, program.shape_of(b)[1])
-    if (t.op == "compute" and t.args[0].op == "dot-product" and t.args[1].op == "access-cartesian-product"):
-        a, b = t.args[1].args
-        if len(program.shape_of(b)[0]) == 1 and _weight_only(program, b):
-            return ("cartesian", a, program.shape_of(b)[1])
+    a, b, bias = parts
+    if len(program.shape_of(b)[0]) != 1 or not _weight_only(program, b):
+        return None
+    if bias is not None and not _weight_only(program, bias):
+        return None
+    return (a, program.shape_of(b)[1])
+
+
+def _parts(t: Term):
+    """(A, B, bias or None) of a product: fused-dot-bias(-act), or a dot-product over a
+    cartesian product (no bias); None for anything else."""
+    if t.op == "fused-dot-bias":
+        return t.args
+    if t.op == "fused-dot-bias-act":
+        return t.args[1:]
+    if t.op == "compute" and t.args[0].op == "dot-product" and t.args[1].op == "access-cartesian-product":
+        return (*t.args[1].args, None)
     return None
 
 
@@ -86,30 +96,36 @@ def _leaves(term: Term):
 
 
 def _merge(program: Program, ts: list, make) -> dict:
-    """{product: slice of the merged product} for one group of siblings."""
+    """{product: its slice of the merged product} for one group of siblings. The merged
+    product is a fused-dot-bias over the weights and biases concatenated along n (a
+    product without a bias contributes zeros); one activation shared by every sibling
+    stays in the atom, else each sibling applies its own to its slice."""
     def cat(parts):
         out = parts[0]
         for p in parts[1:]:
             out = make("access-concatenate", out, p, 0)
         return out
 
-    t0 = ts[0]
-    if t0.op == "compute":
-        a = t0.args[1].args[0]
-        weights = cat([t.args[1].args[1] for t in ts])
-        merged = make("compute", t0.args[0], make("access-cartesian-product", a, weights))
-        axis = len(program.shape_of(a)[0])
-    else:
-        first = 0 if t0.op == "fused-dot-bias" else 1
-        a = t0.args[first]
-        weights = cat([t.args[first + 1] for t in ts])
-        bias = cat([t.args[first + 2] for t in ts])
-        merged = make(t0.op, *t0.args[:first], a, weights, bias)
-        axis = len(program.shape_of(a)[0])
+    def zeros(n):
+        one = make("access-reshape", make("access-literal", 0.0), Term("access-shape", ((1,), ())))
+        return make("access-broadcast", one, Term("access-shape", ((n,), ())))
+
+    parts = [_parts(t) for t in ts]
+    a = parts[0][0]
+    widths = [program.shape_of(b)[0][0] for _, b, _ in parts]
+    weights = cat([b for _, b, _ in parts])
+    bias = cat([c if c is not None else zeros(n) for (_, _, c), n in zip(parts, widths)])
+    acts = {t.args[0] if t.op == "fused-dot-bias-act" else None for t in ts}
+    shared = acts.pop() if len(acts) == 1 else None
+    merged = (make("fused-dot-bias-act", shared, a, weights, bias) if shared is not None
+              else make("fused-dot-bias", a, weights, bias))
+    axis = len(program.shape_of(a)[0])
     out, lo = {}, 0
-    for t in ts:
-        n = program.shape_of(t)[0][axis]
-        out[t] = make("access-slice", merged, axis, lo, lo + n)
+    for t, n in zip(ts, widths):
+        piece = make("access-slice", merged, axis, lo, lo + n)
+        if t.op == "fused-dot-bias-act" and shared is None:
+            piece = make("compute", t.args[0], piece)
+        out[t] = piece
         lo += n
     return out
 

@@ -74,3 +74,23 @@ def test_program_outputs_are_not_merged():
     res = apsat.optimize(apsat.load_onnx(make_model(nodes, {"x": (4, 6)}, ["a", "b"], w)),
                          target="gpu", verify=False)
     assert merge_siblings(res.program) is res.program
+
+
+def test_gate_with_silu_and_up_merge_into_one_gemm(triton_run):
+    """Llama's MLP: silu(x @ Wg) * (x @ Wu) @ Wd. The gate's SiLU (an activation in its
+    atom) moves onto its slice of the merged product; the product of the two slices is
+    the down projection's prologue: two gemms."""
+    rng = np.random.default_rng(4)
+    w = {"wg": (rng.standard_normal((12, 10)) * 0.3).astype(np.float32),
+         "wu": (rng.standard_normal((12, 10)) * 0.3).astype(np.float32),
+         "wd": (rng.standard_normal((10, 12)) * 0.3).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "wg"], ["g"]),
+             helper.make_node("Sigmoid", ["g"], ["sg"]),
+             helper.make_node("Mul", ["g", "sg"], ["silu"]),
+             helper.make_node("MatMul", ["x", "wu"], ["u"]),
+             helper.make_node("Mul", ["silu", "u"], ["h"]),
+             helper.make_node("MatMul", ["h", "wd"], ["y"])]
+    res, graph = optimized_matches_onnxruntime(make_model(nodes, {"x": (2, 5, 12)}, ["y"], w), triton_run)
+    assert "silu" in {t.args[0].op for t in res.program.terms() if t.op in ("compute", "fused-dot-bias-act")}
+    gate_up, down = _gemms(graph)
+    assert gate_up.axes["n"] == (20,) and down.axes["k"] == (10,)

@@ -140,3 +140,29 @@ def test_a_pool_before_a_matrix_vector_product_keeps_its_kernel(triton_run):
              helper.make_node("MatMul", ["f", "w"], ["y"])]
     kernels = _run(make_model(nodes, {"x": (1, 6, 4, 4)}, ["y"], w), triton_run)
     assert [k.kind for k in kernels] == ["reduce", "reduce"]
+
+
+def test_squeeze_excitation_is_two_kernels_before_the_projection(triton_run):
+    """EfficientNet's SE: GlobalAveragePool -> 1x1 conv + SiLU -> 1x1 conv -> Sigmoid ->
+    channel scale -> 1x1 projection. The pool and the squeeze conv (SiLU in its
+    epilogue) are the block's two kernels; the excite conv over 4 values, its sigmoid
+    and the channel scale are unrolled in the projection's operand loads."""
+    rng = np.random.default_rng(5)
+    c, s = 12, 4
+    w = {"w1": (rng.standard_normal((s, c, 1, 1)) * 0.3).astype(np.float32),
+         "b1": rng.standard_normal(s).astype(np.float32),
+         "w2": (rng.standard_normal((c, s, 1, 1)) * 0.3).astype(np.float32),
+         "b2": rng.standard_normal(c).astype(np.float32),
+         "wp": (rng.standard_normal((6, c, 1, 1)) * 0.3).astype(np.float32)}
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+             helper.make_node("Conv", ["p", "w1", "b1"], ["q"], kernel_shape=[1, 1]),
+             helper.make_node("Sigmoid", ["q"], ["qs"]),
+             helper.make_node("Mul", ["q", "qs"], ["h"]),
+             helper.make_node("Conv", ["h", "w2", "b2"], ["e"], kernel_shape=[1, 1]),
+             helper.make_node("Sigmoid", ["e"], ["g"]),
+             helper.make_node("Mul", ["x", "g"], ["m"]),
+             helper.make_node("Conv", ["m", "wp"], ["y"], kernel_shape=[1, 1])]
+    kernels = _run(make_model(nodes, {"x": (1, c, 5, 7)}, ["y"], w), triton_run)
+    assert [k.kind for k in kernels] == ["reduce", "reduce", "gemm"]
+    assert "silu" in kernels[1].covers
+    assert {"dot-product", "sigmoid", "elementwise-mul"} <= set(kernels[2].covers)
