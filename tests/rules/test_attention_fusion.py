@@ -49,6 +49,13 @@ def times_v(probs: str, reshape: str = "(shape 1 2 5 1 6)", target: str = "(shap
 
 
 PLAIN = times_v(softmax(S))
+# the scale after the product: S * 0.125 or S / 2.0 (a scalar broadcast over S)
+SCALAR = ("(access-broadcast (access-reshape (access-literal {c}) (access-shape (shape 1 1 1 1) (shape))) "
+          "(access-shape (shape 1 2 5 6) (shape)))")
+SCALED = times_v(softmax(f"(compute elementwise-mul (access-pair {S} {SCALAR.format(c=0.125)}))"))
+DIVIDED = times_v(softmax(f"(compute elementwise-div (access-pair {S} {SCALAR.format(c=2.0)}))"))
+SCALED_BIASED = times_v(softmax(
+    f"(compute elementwise-add (access-pair (compute elementwise-mul (access-pair {S} {SCALAR.format(c=0.125)})) {MASK}))"))
 BIASED = times_v(softmax(f"(compute elementwise-add (access-pair {S} {MASK}))"))
 BIASED_COMMUTED = times_v(softmax(f"(compute elementwise-add (access-pair {MASK} {S}))"))
 SAFE = times_v(nan_to_zero(softmax(f"(compute elementwise-add (access-pair {S} {MASK}))")))
@@ -93,6 +100,26 @@ def test_heads_bias_nan_to_zero_sound_on_fully_masked_rows():
     check_reaches("attention-fusion/heads-bias", SAFE, SHAPES, f"(attention 1 ?qk {MASK} ?v)", helpers=HELPERS)
 
 
+@pytest.mark.parametrize("text", [SCALED, DIVIDED], ids=["times-scalar", "over-scalar"])
+def test_heads_with_the_scale_after_the_product_sound_and_reach(text):
+    """The scalar moves onto q inside the atom's qk operand."""
+    assert check_sound("attention-fusion/heads", text, SHAPES, helpers=HELPERS) >= 2
+    check_reaches("attention-fusion/heads", text, SHAPES,
+                  "(attention 0 (access-pair (compute ?op ?qc) ?kb) (access-literal 0.0) ?v)", helpers=HELPERS)
+
+
+def test_heads_bias_with_the_scale_after_the_product_sound_and_reach():
+    assert check_sound("attention-fusion/heads-bias", SCALED_BIASED, SHAPES, helpers=HELPERS) >= 2
+    check_reaches("attention-fusion/heads-bias", SCALED_BIASED, SHAPES, f"(attention 0 ?qk {MASK} ?v)",
+                  helpers=HELPERS)
+
+
+def test_refuses_a_scale_that_is_not_a_scalar():
+    """S times a tensor of S's shape varies per key: it is not a scale of q."""
+    check_refuses("attention-fusion/heads", times_v(softmax(f"(compute elementwise-mul (access-pair {S} {MASK}))")),
+                  SHAPES, helpers=HELPERS)
+
+
 def test_merged_heads_sound_and_reach():
     assert check_sound("attention-fusion/merged-heads", MERGED, SHAPES3, helpers=HELPERS) >= 2
     check_reaches("attention-fusion/merged-heads", MERGED, SHAPES3, "(attention 0 ?qk (access-literal 0.0) ?v)",
@@ -130,6 +157,8 @@ def test_heads_bias_through_a_reshaped_mask_sound_and_reach():
     ("attention-fusion/heads-bias", "attention-fusion/aux-scores-bias", BIASED),
     ("attention-fusion/heads-bias", "attention-fusion/aux-scores-bias-commuted", BIASED_COMMUTED),
     ("attention-fusion/heads-bias", "attention-fusion/aux-probs-nan-to-zero", SAFE),
+    ("attention-fusion/heads", "attention-fusion/aux-scores-scaled", SCALED),
+    ("attention-fusion/heads", "attention-fusion/aux-scores-divided", DIVIDED),
 ])
 def test_each_helper_is_needed(rule, helper, text):
     check_reaches(rule, text, SHAPES, "(attention ?f ?qk ?b ?v)", helpers=HELPERS)

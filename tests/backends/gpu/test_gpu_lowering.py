@@ -8,7 +8,7 @@ import sys
 import models
 
 import apsat
-from apsat.backends.gpu.expr import const, flat, unflat, var
+from apsat.backends.gpu.expr import const, flat, unflat, value_nodes, var
 from apsat.backends.gpu.lower import lower
 
 
@@ -35,22 +35,21 @@ def test_small_convnet_kernels():
 
 def test_encoder_block_kernels():
     """Q, K and V projections merged into one gemm (merge.py) that reads the first layer
-    norm (scale and shift included) through its rows' statistics; scores with the
-    1/sqrt(d) scale in the epilogue, softmax, context, output projection with the
-    residual add, the GELU MLP reading the second layer norm, its second residual: seven
-    kernels, no norm kernel."""
+    norm (scale and shift included) through its rows' statistics; the attention atom
+    (the scores' 1/sqrt(d) divide, written after the product, moved onto q by
+    attention-fusion/aux-scores-divided and read in the kernel's q loads); output
+    projection with the residual add; the GELU MLP reading the second layer norm; its
+    second residual: five kernels, no norm kernel."""
     _, g = _graph("encoder_block")
     kinds = [(k.kind, k.op) for k in g.kernels]
-    assert kinds == [("gemm", ""), ("gemm", ""), ("reduce", "softmax"), ("gemm", ""),
-                     ("gemm", ""), ("gemm", ""), ("gemm", "")]
-    assert [[st.op for st in k.stats] for k in g.kernels] == [
-        ["layer-norm"], [], [], [], [], ["layer-norm"], []]
+    assert kinds == [("gemm", ""), ("attention", "plain"), ("gemm", ""), ("gemm", ""), ("gemm", "")]
+    assert [[st.op for st in k.stats] for k in g.kernels] == [["layer-norm"], [], [], ["layer-norm"], []]
     assert g.kernels[0].axes["n"] == (96,)                   # Q, K and V: 3 x 32 columns
-    assert "elementwise-div" in g.kernels[1].covers         # scores / sqrt(d)
-    assert "fused-dot-bias-act gelu" in g.kernels[5].covers
-    assert "elementwise-add" in g.kernels[6].covers         # residual in the epilogue
-    batched = g.kernels[1]
-    assert batched.axes["b"] == (2, 4) and batched.axes["m"] == (8,) and batched.axes["n"] == (8,)
+    assert ("call", "div") in {v[:2] for v in value_nodes(g.kernels[1].values["q"])}
+    assert "elementwise-add" in g.kernels[2].covers         # residual in the epilogue
+    assert "fused-dot-bias-act gelu" in g.kernels[3].covers
+    assert "elementwise-add" in g.kernels[4].covers
+    assert g.kernels[1].axes["b"] == (2, 4) and g.kernels[1].axes["m"] == (8,) and g.kernels[1].axes["n"] == (8,)
 
 
 def test_head_split_indexing_has_no_div_or_mod():
