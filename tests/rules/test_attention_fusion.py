@@ -54,6 +54,22 @@ SCALAR = ("(access-broadcast (access-reshape (access-literal {c}) (access-shape 
           "(access-shape (shape 1 2 5 6) (shape)))")
 SCALED = times_v(softmax(f"(compute elementwise-mul (access-pair {S} {SCALAR.format(c=0.125)}))"))
 DIVIDED = times_v(softmax(f"(compute elementwise-div (access-pair {S} {SCALAR.format(c=2.0)}))"))
+# a scalar weight (an initializer of one value) instead of a literal
+SCALED_BY_WEIGHT = times_v(softmax(
+    "(compute elementwise-mul (access-pair " + S + " (access-broadcast (access-reshape (access-tensor c1) "
+    "(access-shape (shape 1 1 1 1) (shape))) (access-shape (shape 1 2 5 6) (shape)))))"))
+# a boolean mask applied by Where with the dtype's minimum, as the importer writes Where
+MIN = -3.4028234663852886e38
+BOOL_MASK = "(access-broadcast (access (access-tensor bmask) 4) (access-shape (shape 1 2 5 6) (shape)))"
+
+
+def where(cond: str, a: str, b: str, rank: int = 4) -> str:
+    part = lambda x: f"(access (access-insert-axis {x} {rank}) {rank})"   # noqa: E731
+    return f"(compute select (access-concatenate (access-concatenate {part(cond)} {part(a)} {rank}) {part(b)} {rank}))"
+
+
+MASKED_FILL = times_v(softmax(where(BOOL_MASK, SCALAR.format(c=MIN), S)))
+MASKED_KEEP = times_v(softmax(where(BOOL_MASK, S, SCALAR.format(c=MIN))))
 SCALED_BIASED = times_v(softmax(
     f"(compute elementwise-add (access-pair (compute elementwise-mul (access-pair {S} {SCALAR.format(c=0.125)})) {MASK}))"))
 BIASED = times_v(softmax(f"(compute elementwise-add (access-pair {S} {MASK}))"))
@@ -114,6 +130,39 @@ def test_heads_bias_with_the_scale_after_the_product_sound_and_reach():
                   helpers=HELPERS)
 
 
+def test_heads_with_a_scalar_weight_scale_sound_and_reach():
+    shapes = {**SHAPES, "c1": (1,)}
+    assert check_sound("attention-fusion/heads", SCALED_BY_WEIGHT, shapes, helpers=HELPERS) >= 2
+    check_reaches("attention-fusion/heads", SCALED_BY_WEIGHT, shapes, "(attention 0 ?qk (access-literal 0.0) ?v)",
+                  helpers=HELPERS)
+
+
+def bool_mask_inputs(seed: int = 0) -> dict:
+    """Random q, k, v and a 0/1 mask with some keys masked in every query row."""
+    rng = np.random.default_rng(seed)
+    out = {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items() if n != "mask"}
+    out["bmask"] = (rng.random((1, 1, 5, 6)) < 0.4).astype(np.float32)
+    out["bmask"][..., 0] = 0.0          # at least one key kept per row, whichever form
+    out["bmask"][..., 1] = 1.0
+    return out
+
+
+@pytest.mark.parametrize("text", [MASKED_FILL, MASKED_KEEP], ids=["masked-fill", "where-keep"])
+def test_heads_bias_with_a_where_mask_sound_and_reach(text):
+    """Where(mask, min, S) and Where(mask, S, min): S plus a bias of 0 and the minimum."""
+    shapes = {**SHAPES, "bmask": (1, 1, 5, 6)}
+    assert check_sound("attention-fusion/heads-bias", text, shapes, helpers=HELPERS, inputs=bool_mask_inputs()) >= 2
+    check_reaches("attention-fusion/heads-bias", text, shapes, "(attention 0 ?qk (compute select ?b) ?v)",
+                  helpers=HELPERS)
+
+
+def test_refuses_a_where_fill_that_is_not_the_minimum():
+    """Where(mask, -5, S) is not S + a bias (-5 + S is not -5)."""
+    shapes = {**SHAPES, "bmask": (1, 1, 5, 6)}
+    check_refuses("attention-fusion/heads-bias", times_v(softmax(where(BOOL_MASK, SCALAR.format(c=-5.0), S))),
+                  shapes, helpers=HELPERS)
+
+
 def test_refuses_a_scale_that_is_not_a_scalar():
     """S times a tensor of S's shape varies per key: it is not a scale of q."""
     check_refuses("attention-fusion/heads", times_v(softmax(f"(compute elementwise-mul (access-pair {S} {MASK}))")),
@@ -163,6 +212,48 @@ def test_heads_bias_through_a_reshaped_mask_sound_and_reach():
 def test_each_helper_is_needed(rule, helper, text):
     check_reaches(rule, text, SHAPES, "(attention ?f ?qk ?b ?v)", helpers=HELPERS)
     check_refuses(rule, text, SHAPES, helpers=[h for h in HELPERS if h != helper])
+
+
+@pytest.mark.parametrize("helper,text", [
+    ("attention-fusion/aux-scores-masked-fill", MASKED_FILL),
+    ("attention-fusion/aux-scores-masked-keep", MASKED_KEEP),
+])
+def test_each_where_mask_helper_is_needed(helper, text):
+    shapes = {**SHAPES, "bmask": (1, 1, 5, 6)}
+    check_reaches("attention-fusion/heads-bias", text, shapes, "(attention ?f ?qk ?b ?v)", helpers=HELPERS)
+    check_refuses("attention-fusion/heads-bias", text, shapes, helpers=[h for h in HELPERS if h != helper])
+
+
+def _where_masked_attention(keep: bool):
+    """ONNX: q.k^T * 0.5, Where over a causal boolean mask with float32's minimum (as
+    Constant nodes, which the importer reads as literals), Softmax, . v."""
+    from models import make_model
+    from onnx import helper, numpy_helper
+
+    def const(name, value):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(value, np.float32)))
+
+    tril = np.tril(np.ones((5, 5), bool)).reshape(1, 1, 5, 5)
+    where = (helper.make_node("Where", ["mask", "s", "fill"], ["sm"]) if keep
+             else helper.make_node("Where", ["mask", "fill", "s"], ["sm"]))
+    nodes = [const("scale", 0.5), const("fill", MIN),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s0"]), helper.make_node("Mul", ["s0", "scale"], ["s"]),
+             where, helper.make_node("Softmax", ["sm"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    return make_model(nodes, {"q": (1, 2, 5, 4), "k": (1, 2, 5, 4), "v": (1, 2, 5, 3)}, ["y"],
+                      {"mask": tril if keep else ~tril})
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["masked-fill", "where-keep"])
+def test_where_masked_attention_from_onnx_is_one_atom(keep):
+    """The importer's Where and Mul forms, end to end: one attention atom, and the
+    extracted program equals onnxruntime."""
+    import apsat
+
+    res = apsat.optimize(apsat.load_onnx(_where_masked_attention(keep)), target="gpu")
+    assert res.program.op_counts().get("attention") == 1
+    assert not any(t.op == "compute" and t.args[0].op == "softmax" for t in res.program.terms())
+    assert res.report["verification"]["ok"]
 
 
 def test_refuses_a_reshape_that_moves_elements():
