@@ -7,12 +7,15 @@
 Modules: expr (index/value expressions), views (access patterns as indexing), graph (the
 kernel graph's data), regions (matmul and reduction kernels), attention (the attention
 atom's kernel), inline (what runs inside other kernels: epilogues, prologues, unrolled
-small reductions), lower (program -> kernel graph), tiling (tile search on the roofline), emit (shared statement emission), triton
-(Triton sources), aot (Triton's ahead-of-time compile, from a private directory), cuda
-(CUDA C sources, nvcc), runner (the generated runner module, and run_kernels, which
-writes it into the per-user cache and runs it), files (that cache: per-user, 0700,
-bounded), host (host steps, stored as program text, never pickled), write (write_kernels
-and its figures), backend (the gpu target's Backend).
+small reductions, norms read through their row statistics), folds (those reductions as
+values), merge (sibling products as one gemm), lower (program -> kernel graph), tiling
+(tile search on the roofline), emit (shared statement emission), triton (Triton
+sources), cuda (CUDA C sources, nvcc), triton_norms and cuda_norms (a norm's row passes
+in each dialect), aot (Triton's ahead-of-time compile, from a private directory), runner
+(the generated runner module, and run_kernels, which writes it into the per-user cache
+and runs it), files (that cache: per-user, 0700, bounded), host (host steps, stored as
+program text, never pickled), write (write_kernels and its figures), backend (the gpu
+target's Backend).
 
 Nothing here imports torch or triton at module level: the core installs and runs without
 them, and only running or compiling kernels needs them.
