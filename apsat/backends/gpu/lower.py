@@ -184,7 +184,9 @@ class _Lowering:
     def _name(self, kind: str, t: Term) -> str:
         label = t.args[0].op if t.op == "compute" else (
             t.args[0].op if t.op == "fused-dot-bias-act" else t.op)
-        return f"k{len(self.steps):02d}_{kind}_{re.sub(r'[^a-z0-9]+', '_', label)}"
+        label = re.sub(r"[^a-z0-9]+", "_", label)
+        # the attention atom's kernel is named by its kind alone (not k07_attention_attention)
+        return f"k{len(self.steps):02d}_{kind}" + ("" if label == kind else f"_{label}")
 
     def _finish(self, kernel: Kernel, vals: Values, out_term: Term | None, out_dims):
         """Register the kernel's output buffer and figures and append it."""

@@ -45,6 +45,7 @@ def test_encoder_block_kernels():
     assert kinds == [("gemm", ""), ("attention", "plain"), ("gemm", ""), ("gemm", ""), ("gemm", "")]
     assert [[st.op for st in k.stats] for k in g.kernels] == [["layer-norm"], [], [], ["layer-norm"], []]
     assert g.kernels[0].axes["n"] == (96,)                   # Q, K and V: 3 x 32 columns
+    assert g.kernels[1].name == "k01_attention"
     assert ("call", "div") in {v[:2] for v in value_nodes(g.kernels[1].values["q"])}
     assert "elementwise-add" in g.kernels[2].covers         # residual in the epilogue
     assert "fused-dot-bias-act gelu" in g.kernels[3].covers
