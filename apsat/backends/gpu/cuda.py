@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from apsat.backends.gpu.cuda_norms import gemm_row_stats, stat_syms
-from apsat.backends.gpu.emit import Dialect, axis_defs, emit, used_vars
+from apsat.backends.gpu.emit import Dialect, axis_defs, emit, indent, used_vars
 from apsat.backends.gpu.expr import var
 from apsat.backends.gpu.graph import Kernel
 from apsat.backends.gpu.tiling import cuda_attention_tiles, cuda_gemm_tiles
@@ -48,6 +48,12 @@ class CudaDialect(Dialect):
     only padding conditions guard loads."""
 
     floordiv = "/"
+    indent_unit = "  "
+
+    @staticmethod
+    def int_assign(name, text):
+        """An index variable's definition (assign is for float values)."""
+        return f"const int {name} = {text};"
 
     def const(self, v: float) -> str:
         if math.isinf(v):
@@ -90,12 +96,11 @@ def param(buf: str) -> str:
     return f"{buf}_in"
 
 
-def _int(name, text):
-    return f"const int {name} = {text};"
+_int = CudaDialect.int_assign
 
 
 def _indent(lines, n=1):
-    return ["  " * n + ln for ln in lines]
+    return indent(lines, n, CudaDialect.indent_unit)
 
 
 HEADER = '''// {name}: {kind} kernel ({covers}).

@@ -19,6 +19,7 @@ class Dialect(ABC):
     conditions that must hold (plus whether the load depends on loop variables)."""
 
     floordiv = "//"
+    indent_unit = "    "       # one block level (Triton's Python; CUDA C uses two spaces)
 
     def ix(self, x) -> str:
         """Text of an index expression."""
@@ -99,6 +100,11 @@ def _condition(dialect: Dialect, c, text: dict) -> str:
     if c[0] == "vge":
         return dialect.ge(text[c[1]], text[c[2]])
     return dialect.cond(c)
+
+
+def indent(lines, n=1, unit="    ") -> list[str]:
+    """`lines` indented n block levels of `unit` (a dialect's `indent_unit`)."""
+    return [unit * n + ln for ln in lines]
 
 
 def axis_defs(dialect: Dialect, prefix: str, dims, flat_var, assign, used=None) -> list[str]:

@@ -43,25 +43,37 @@ class RowStats:
     cols: tuple
     term: object
 
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The names of the values the kernel defines for the row ("<name>_den", and
+        "<name>_mean" first for layer-norm)."""
+        return ((f"{self.name}_den",) if self.op == "rms-norm"
+                else (f"{self.name}_mean", f"{self.name}_den"))
+
+
+def taps(program, t) -> tuple[int, ...]:
+    """The dims a reduction t folds per output: its item (a dot-product's without the
+    operand axis)."""
+    item = program.shape_of(t.args[1])[1]
+    return tuple(item[1:] if t.args[0].op == "dot-product" else item)
+
 
 def unrolled(vals, t, idx, conds):
     """Reduction t at index idx: its item's values folded in order."""
     name, x_term = t.args[0].op, t.args[1]
-    n = len(vals.program.shape_of(x_term)[0])
-    item = vals.dims(x_term)[n:]
-    taps = item[1:] if name == "dot-product" else item
+    folded = taps(vals.program, t)
     acc = None
-    for tap in itertools.product(*(range(d) for d in taps)):
+    for tap in itertools.product(*(range(d) for d in folded)):
         tap = tuple(const(k) for k in tap)
         if name == "dot-product":
             v = vals.value(x_term, idx + (const(0),) + tap, conds)
-            for o in range(1, item[0]):
+            for o in range(1, vals.program.shape_of(x_term)[1][0]):
                 v = call("mul", v, vals.value(x_term, idx + (const(o),) + tap, conds))
         else:
             v = vals.value(x_term, idx + tap, conds)
         acc = v if acc is None else call(FOLD[name], acc, v)
     if name == "reduce-mean":
-        acc = call("div", acc, fconst(float(math.prod(taps))))
+        acc = call("div", acc, fconst(float(math.prod(folded))))
     return acc
 
 
@@ -77,9 +89,6 @@ def normalised(vals, t, idx, conds):
         s = tuple(var(f"s{i}", d) for i, d in enumerate(cols))
         eps = float(t.args[0].args[0]) if t.args[0].args else 0.0
         vals.stats[key] = RowStats(name, op, eps, vals.value(x_term, rows + s), tuple(cols), t)
-    st = vals.stats[key]
+    *mean, den = (("sym", s) for s in vals.stats[key].symbols)
     x = vals.value(x_term, idx, conds)
-    den = ("sym", f"{st.name}_den")
-    if op == "rms-norm":
-        return call("div", x, den)
-    return call("div", call("sub", x, ("sym", f"{st.name}_mean")), den)
+    return call("div", call("sub", x, mean[0]) if mean else x, den)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from apsat.backends.gpu.expr import value_nodes
-from apsat.backends.gpu.folds import NORMALISED
+from apsat.backends.gpu.folds import NORMALISED, taps
 from apsat.backends.gpu.regions import REDUCTIONS, natural
 from apsat.backends.gpu.views import (
     UNROLL_LIMIT,
@@ -113,13 +113,14 @@ class Inlining:
         """The roots that stay kernels, in order, and the epilogue claims among them:
         chain root -> (producer, path); a claimed chain's producer computes it."""
         roots = [t for t in roots if not self.unrolled(t)]
-        claimed, _ = self.epilogues(roots)
+        claimed, producers = self.epilogues(roots)
         folded = set()
         for t in roots:
             if t.op == "compute" and t.args[0].op in NORMALISED and t not in folded:
                 folded |= self.norm_readers(t, claimed)
-        roots = [t for t in roots if t not in folded]
-        claimed, producers = self.epilogues(roots)
+        if folded:       # a folded norm's scale and shift no longer ride on its kernel
+            roots = [t for t in roots if t not in folded]
+            claimed, producers = self.epilogues(roots)
         roots = [t for t in roots if t in claimed or t in producers or not self.prologue(t)]
         return roots, claimed
 
@@ -189,8 +190,7 @@ class Inlining:
         a product with two matrix sides stays a gemm."""
         if not (t.op == "compute" and t.args[0].op in UNROLLED_REDUCTIONS) or self.weight_only(t):
             return False
-        _, item = self.p.shape_of(t.args[1])
-        if math.prod(item[1:] if t.args[0].op == "dot-product" else item) > UNROLL_LIMIT:
+        if math.prod(taps(self.p, t)) > UNROLL_LIMIT:
             return False
         u = t
         while True:         # up to the consumer kernel, through single-use views and maps
@@ -236,23 +236,28 @@ class Inlining:
 
     def weight_only(self, t: Term) -> bool:
         """t reads weights and literals only (its value is known at load time)."""
-        memo = self._weights_memo
-        stack = [t]
-        while stack:
-            u = stack[-1]
-            if u in memo:
-                stack.pop()
-                continue
-            kids = list(u.children())
-            todo = [k for k in kids if k not in memo]
-            if todo:
-                stack.extend(todo)
-                continue
+        return weight_only(self.p, t, self._weights_memo)
+
+
+def weight_only(program: Program, t: Term, memo: dict) -> bool:
+    """t reads the program's weights and literals only, no input and no opaque call;
+    `memo` (term -> answer) is shared between calls over one program."""
+    stack = [t]
+    while stack:
+        u = stack[-1]
+        if u in memo:
             stack.pop()
-            if u.op == "access-tensor":
-                memo[u] = u.args[0] in self.p.weights
-            elif u.op == "opaque":
-                memo[u] = False
-            else:
-                memo[u] = all(memo[k] for k in kids)
-        return memo[t]
+            continue
+        kids = list(u.children())
+        todo = [k for k in kids if k not in memo]
+        if todo:
+            stack.extend(todo)
+            continue
+        stack.pop()
+        if u.op == "access-tensor":
+            memo[u] = u.args[0] in program.weights
+        elif u.op == "opaque":
+            memo[u] = False
+        else:
+            memo[u] = all(memo[k] for k in kids)
+    return memo[t]

@@ -18,6 +18,7 @@ the gate's slice. A program output is never merged (it would need a copy out).
 """
 from __future__ import annotations
 
+from apsat.backends.gpu.inline import weight_only
 from apsat.lang.program import Program, apply_shape_rule
 from apsat.lang.term import Term
 
@@ -26,8 +27,9 @@ def merge_siblings(program: Program) -> Program:
     """`program` with each group of sibling products replaced by slices of one product
     (the module doc); `program` itself when there is none."""
     groups: dict = {}
+    outputs, known = set(program.outputs.values()), {}     # known: weight_only's memo
     for t in program.terms():
-        key = _sibling_key(program, t)
+        key = None if t in outputs else _sibling_key(program, t, known)
         if key is not None:
             groups.setdefault(key, []).append(t)
     shapes: dict = {}
@@ -50,16 +52,16 @@ def merge_siblings(program: Program) -> Program:
     return _rebuild(program, replace, shapes)
 
 
-def _sibling_key(program: Program, t: Term):
+def _sibling_key(program: Program, t: Term, known: dict):
     """The key products sharing their A operand have in common (A and the contracted
     dims), or None when t is not a product that can merge."""
     parts = _parts(t)
-    if parts is None or t in program.outputs.values():
+    if parts is None:
         return None
     a, b, bias = parts
-    if len(program.shape_of(b)[0]) != 1 or not _weight_only(program, b):
+    if len(program.shape_of(b)[0]) != 1 or not weight_only(program, b, known):
         return None
-    if bias is not None and not _weight_only(program, bias):
+    if bias is not None and not weight_only(program, bias, known):
         return None
     return (a, program.shape_of(b)[1])
 
@@ -74,25 +76,6 @@ def _parts(t: Term):
     if t.op == "compute" and t.args[0].op == "dot-product" and t.args[1].op == "access-cartesian-product":
         return (*t.args[1].args, None)
     return None
-
-
-def _weight_only(program: Program, term: Term) -> bool:
-    return all(u.args[0] in program.weights for u in _leaves(term))
-
-
-def _leaves(term: Term):
-    """The access-tensor terms under `term` (opaque calls count as non-weights)."""
-    seen, stack = set(), [term]
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u.op == "access-tensor":
-            yield u
-        elif u.op == "opaque":
-            yield Term("access-tensor", ("",))     # never a weight name
-        stack.extend(u.children())
 
 
 def _merge(program: Program, ts: list, make) -> dict:

@@ -28,6 +28,7 @@ import math
 import numpy as np
 
 from apsat.backends.gpu.emit import Dialect, axis_defs, emit, used_vars
+from apsat.backends.gpu.emit import indent as _indent
 from apsat.backends.gpu.expr import var
 from apsat.backends.gpu.graph import Kernel
 from apsat.backends.gpu.tiling import attention_pad
@@ -151,10 +152,6 @@ def _pow(a, b):
 }
 
 
-def _indent(lines, n=1):
-    return ["    " * n + ln for ln in lines]
-
-
 def _params(k: Kernel) -> list[str]:
     return ["out_ptr"] + [f"{r}_ptr" for r in k.reads]
 
@@ -246,7 +243,7 @@ def _gemm(k: Kernel):
     syms = {}
     for st in k.stats:
         lines += gemm_row_stats(st, d, consts)
-        syms.update({f"{st.name}_{q}": f"{st.name}_{q}" for q in ("mean", "den")})
+        syms.update({s: s for s in st.symbols})
     lines.append("acc = tl.full((BM, BN), 0.0, tl.float32)")
     loop = ["rka = ks + tl.arange(0, BK)[None, :]", "rkb = ks + tl.arange(0, BK)[:, None]",
             "mask_a = (rm < M) & (rka < K)", "mask_b = (rkb < K) & (rn < N)"]
@@ -263,9 +260,6 @@ def _gemm(k: Kernel):
     lines += le
     lines.append(f"tl.store(out_ptr + {d.ix(k.store)}, {te['out']}, mask=mask)")
     return lines, consts, (_cdiv(m, bm), _cdiv(n, bn), bsz), d
-
-
-
 
 
 def _reduce(k: Kernel):

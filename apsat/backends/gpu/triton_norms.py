@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import math
 
-from apsat.backends.gpu.emit import axis_defs, emit, used_vars
+from apsat.backends.gpu.emit import axis_defs, emit, indent, used_vars
 from apsat.backends.gpu.expr import var
 from apsat.backends.gpu.tiling import next_pow2
-
-
-def indent(lines, n=1):
-    return ["    " * n + ln for ln in lines]
 
 
 def norm_rows(op: str, d, chunk, finish, eps: float) -> list[str]:

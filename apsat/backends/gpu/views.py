@@ -33,7 +33,7 @@ from apsat.backends.gpu.expr import (
     vge,
     where,
 )
-from apsat.backends.gpu.folds import FOLD, NORMALISED, UNROLL_LIMIT, normalised, unrolled
+from apsat.backends.gpu.folds import FOLD, NORMALISED, UNROLL_LIMIT, normalised, taps, unrolled
 from apsat.lang import formula as fm
 from apsat.lang.ops import COMPUTE_OPS, LOCAL_OPS, NARY_OPS, UNARY_MAPS, chain_parts
 from apsat.lang.term import Term
@@ -201,11 +201,9 @@ class Values:
 
     def _unrolled(self, t, idx, conds):
         """A small reduction folded here (folds.unrolled), at most UNROLL_LIMIT values."""
-        name, x_term = t.args[0].op, t.args[1]
-        item = self.dims(x_term)[n_iter(self.program, x_term):]
-        taps = math.prod(item[1:] if name == "dot-product" else item)
-        if taps > UNROLL_LIMIT:
-            raise Unsupported(f"{name} over {taps} values is a kernel of its own, "
+        values = math.prod(taps(self.program, t))
+        if values > UNROLL_LIMIT:
+            raise Unsupported(f"{t.args[0].op} over {values} values is a kernel of its own, "
                               f"not unrolled (at most {UNROLL_LIMIT})")
         return unrolled(self, t, idx, conds)
 
