@@ -17,6 +17,8 @@ from these fields (tests/test_registry.py checks every backend and cost model ag
   activation, local,   flags the fusion rules and backends read
   first_axis
   onnx                 the ONNX ops the importer lowers into it, or why none does
+  onnx_out             the ONNX op the exporter writes for an element-wise operator
+                       (apsat/backends/onnx/compute.py); none: its formula, op by op
 """
 from __future__ import annotations
 
@@ -97,7 +99,11 @@ class ComputeSpec:
                 position of the rest (n-ary operators are)
     evaluate    reference semantics `fn(x, n_iter, params)` (apsat/lang/semantics.py);
                 element-wise kinds default to their formula's
-    egg         egglog constructor name, where egglog has the name already (sqrt)"""
+    egg         egglog constructor name, where egglog has the name already (sqrt)
+    onnx_out    the ONNX op the exporter writes over the operands: `Op`, then per literal
+                parameter the attribute it sets (`LeakyRelu alpha`), or `+` for parameters
+                passed as constant inputs (`Clip +`), and fixed attributes as `name=value`
+                (`Mod fmod=1`); empty: the exporter writes the formula op by op"""
 
     name: str
     params: tuple[str, ...]
@@ -114,6 +120,7 @@ class ComputeSpec:
     first_axis: bool | None = None
     evaluate: Callable | None = None
     egg: str = ""
+    onnx_out: str = ""
 
     def __post_init__(self):
         _require(self.kind in KINDS, self.name, f"kind {self.kind!r} is not one of {sorted(KINDS)}")

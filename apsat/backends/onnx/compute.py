@@ -1,0 +1,166 @@
+"""Compute operators other than products, as ONNX nodes.
+
+Element-wise operators read the registry: an entry's `onnx_out` names the ONNX op (and how
+its literal parameters become attributes or inputs); an entry without one is written as
+its formula, one ONNX node per step, in the formula's own order. Whether an ONNX op takes
+or gives booleans comes from ONNX's schema, so comparisons and logic ops get their Casts
+from the op's declaration, not from a table here. Reductions and normalisations over the
+item become ONNX's reduce ops, Softmax, LayerNormalization and LRN on the axes the value
+already has, so no transpose is written for them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from apsat.backends.onnx.graph import Builder, Val, in_layout, physical
+from apsat.backends.onnx.views import Pair, as_val, slice_axis, squeeze, _common_order
+from apsat.lang import formula as fm
+from apsat.lang.ops import COMPUTE_OPS, chain_parts
+
+OPSET = 23     # the default domain's version every export imports (Attention is opset 23)
+
+# The formula's primitive functions as ONNX ops (log1p and conditions are built below).
+FUNCTION_OPS = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "max": "Max",
+                "min": "Min", "neg": "Neg", "sqrt": "Sqrt", "exp": "Exp", "erf": "Erf", "tanh": "Tanh",
+                "sigmoid": "Sigmoid", "abs": "Abs", "log": "Log", "recip": "Reciprocal",
+                "floor": "Floor", "ceil": "Ceil", "cos": "Cos", "sin": "Sin"}
+REDUCE_OPS = {"reduce-sum": "ReduceSum", "reduce-max": "ReduceMax", "reduce-mean": "ReduceMean"}
+
+
+def operands(b: Builder, v, axis: int) -> list:
+    """The element-wise operands of a compute whose items lead with axis `axis`: a Pair's
+    own, else slices of the value along that axis."""
+    if isinstance(v, Pair):
+        return [as_val(b, o) for o in v.operands]
+    v = as_val(b, v)
+    if v.perm[axis] is None or v.dims[v.perm[axis]] == 1:
+        return [squeeze(v, axis)] * v.shape[axis]
+    return [squeeze(slice_axis(b, v, axis, i, i + 1), axis) for i in range(v.shape[axis])]
+
+
+def elementwise(b: Builder, op, vals: list, shape: tuple) -> Val:
+    """Apply the element-wise operator term `op` (unary map, n-ary operator or chain) to
+    operand Vals of logical dims `shape` (broadcast where smaller)."""
+    order = _common_order(vals, len(shape))
+    laid = [in_layout(b, v, order) for v in vals]
+    names = [physical(b, v) for v in laid]
+    dims = tuple(np.broadcast_shapes(*[v.dims for v in laid]))
+    first, *rest = chain_parts(op)
+    name = _apply(b, first, names)
+    for g in rest:
+        name = _apply(b, g, [name])
+    return Val(name, dims, laid[0].perm, shape)
+
+
+def _apply(b: Builder, op, names: list) -> str:
+    spec = COMPUTE_OPS[op.op]
+    if not spec.onnx_out:
+        reading = fm.Reading(lambda c: b.const(np.float32(c)), lambda fn, *xs: _call(b, fn, xs),
+                             lambda kind, *xs: _compare(b, kind, xs), lambda c, x, y: b.op("Where", [c, x, y]))
+        return fm.interpret(spec.scalar, names, op.args, reading)
+    op_type, *words = spec.onnx_out.split()
+    attrs = {w.split("=")[0]: w.split("=")[1] for w in words if "=" in w}
+    named = [w for w in words if "=" not in w and w != "+"]
+    attrs.update({w: float(p) for w, p in zip(named, op.args)})
+    inputs = list(names) + ([b.const(np.float32(p)) for p in op.args] if "+" in words else [])
+    if spec.kind == "nary" and spec.arity == 0 and len(inputs) > 2 and op_type in ("Add", "Mul"):
+        out = inputs[0]
+        for x in inputs[1:]:
+            out = _typed(b, op_type, [out, x], attrs)
+        return out
+    return _typed(b, op_type, inputs, attrs)
+
+
+def _typed(b: Builder, op_type: str, inputs: list, attrs: dict) -> str:
+    """One node, with Casts where ONNX's schema wants booleans in or gives them out (the
+    language's booleans are float 0.0 / 1.0)."""
+    schema = onnx.defs.get_schema(op_type, OPSET)
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+
+    def boolean(type_str):
+        return type_str == "tensor(bool)" or allowed.get(type_str) == {"tensor(bool)"}
+
+    formal = [i.type_str for i in schema.inputs]
+    ins = [b.op("Cast", [x], to=TensorProto.BOOL) if boolean(formal[min(k, len(formal) - 1)]) else x
+           for k, x in enumerate(inputs)]
+    out = b.op(op_type, ins, **attrs)
+    return b.op("Cast", [out], to=TensorProto.FLOAT) if boolean(schema.outputs[0].type_str) else out
+
+
+def _call(b: Builder, fn: str, xs) -> str:
+    if fn == "log1p":
+        return b.op("Log", [b.op("Add", [xs[0], b.const(np.float32(1.0))])])
+    if fn == "fmod":
+        return b.op("Mod", list(xs), fmod=1)
+    return b.op(FUNCTION_OPS[fn], list(xs))
+
+
+def _compare(b: Builder, kind: str, xs) -> str:
+    if kind == "nz":
+        return b.op("Cast", [xs[0]], to=TensorProto.BOOL)
+    return b.op("GreaterOrEqual", list(xs))
+
+
+# ---- over the whole item --------------------------------------------------------------------
+
+def reduce(b: Builder, name: str, v, n_iter: int, shape: tuple) -> Val:
+    """reduce-sum / -max / -mean over the item axes (keepdims: the reduced axes stay as
+    size-1 physical axes no logical axis names)."""
+    v = as_val(b, v, full=True)
+    axes = [v.perm[a] for a in range(n_iter, len(v.shape)) if v.perm[a] is not None]
+    if not axes:
+        return Val(v.name, v.dims, v.perm[:n_iter], shape, v.array)
+    out = b.op(REDUCE_OPS[name], [physical(b, v), b.ints(axes)], keepdims=1)
+    dims = tuple(1 if p in axes else d for p, d in enumerate(v.dims))
+    return Val(out, dims, v.perm[:n_iter], shape)
+
+
+def _item_last(b: Builder, v, n_iter: int) -> Val:
+    """`v` laid out with its iterated axes first (in their physical order) and the item
+    axes last, in logical order, every dim present."""
+    v = as_val(b, v, full=True)
+    if v.is_const:
+        return in_layout(b, v, tuple(range(len(v.shape))))
+    lead = sorted(range(n_iter), key=lambda a: (v.perm[a] is None, v.perm[a] or 0))
+    return in_layout(b, v, tuple(lead) + tuple(range(n_iter, len(v.shape))))
+
+
+def over_item(b: Builder, op, v, n_iter: int, shape: tuple) -> Val:
+    """softmax, layer-norm, rms-norm and lrn over the item axes."""
+    x = _item_last(b, v, n_iter)
+    name, item = physical(b, x), shape[n_iter:]
+    if op.op == "softmax":
+        flat = len(item) > 1
+        if flat:
+            name = b.reshape(name, list(x.dims[:n_iter]) + [-1])
+        out = b.op("Softmax", [name], axis=-1)
+        out = b.reshape(out, x.dims) if flat else out
+    elif op.op == "layer-norm":
+        out = b.op("LayerNormalization", [name, b.const(np.ones(item, np.float32))],
+                   axis=n_iter, epsilon=float(op.args[0]))
+    elif op.op == "rms-norm":
+        out = _rms_norm(b, name, n_iter, len(shape), float(op.args[0]))
+    elif op.op == "lrn":
+        out = _lrn(b, name, x.dims, n_iter, op.args)
+    else:
+        raise NotImplementedError(op.op)
+    return Val(out, x.dims, x.perm, shape)
+
+
+def _rms_norm(b: Builder, x: str, n_iter: int, rank: int, eps: float) -> str:
+    """x / sqrt(mean(x * x) + eps), the registry's steps in its order."""
+    axes = b.ints(range(n_iter, rank))
+    ms = b.op("ReduceMean", [b.op("Mul", [x, x]), axes], keepdims=1)
+    return b.op("Div", [x, b.op("Sqrt", [b.op("Add", [ms, b.const(np.float32(eps))])])])
+
+
+def _lrn(b: Builder, x: str, dims: tuple, n_iter: int, params) -> str:
+    """ONNX LRN across axis 1: the iterated axes fold into N, the item's first is C."""
+    size, alpha, beta, bias = params
+    lead = int(np.prod(dims[:n_iter])) if n_iter else 1
+    rest = list(dims[n_iter:]) + ([1] if len(dims) - n_iter < 3 else [])
+    y = b.reshape(x, [lead] + rest)
+    y = b.op("LRN", [y], size=int(size), alpha=float(alpha), beta=float(beta), bias=float(bias))
+    return b.reshape(y, dims)

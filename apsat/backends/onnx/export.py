@@ -1,0 +1,156 @@
+"""An extracted program as an ONNX model with the original's interface.
+
+`export_onnx(program, model)` writes the program the extractor chose: weights-only work
+folded (fold.py), every other term walked into nodes (walk.py), then tidied (tidy.py).
+The graph keeps the original's input and output names and element types: integer inputs
+(token ids, masks) stay integers, cast to float where the program computes with them and
+fed raw to the embedding lookups that read them; opaque calls are the original nodes.
+Symbolic dims are fixed at the sizes the program was built for (the model's metadata says
+which). A program ONNX cannot express (a systolic-array atom) is refused in one line.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from apsat.backends.onnx.compute import OPSET
+from apsat.backends.onnx.fold import fold_weights, weight_only_terms
+from apsat.backends.onnx.graph import Builder, dense, tensor_val
+from apsat.backends.onnx.tidy import tidy
+from apsat.backends.onnx.views import ExportError, as_val
+from apsat.backends.onnx.walk import Walk
+from apsat.lang.ops import OPS
+
+CONTRIB = "com.microsoft"
+IR_VERSION = 10
+
+
+def export_onnx(program, model, metadata: dict | None = None) -> onnx.ModelProto:
+    """The ONNX model of `program` (an extracted Program) for the loaded `model`
+    (apsat.load_onnx's Model: its weights and original ModelProto). `metadata` becomes
+    the model's metadata_props. ExportError (one line) when the program has a term ONNX
+    cannot express."""
+    _refuse_hardware(program)
+    b = Builder()
+    src = model.onnx.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(src.input) + list(src.output)}
+    consts = fold_weights(program, model.weights)
+    leaves = _Leaves(b, program, types)
+    walk = Walk(b, program, consts, leaves.value)
+    folded = weight_only_terms(program)
+    walk.run([t for t in program.terms() if t not in folded])
+    outputs = []
+    for name, term in program.outputs.items():
+        v = walk.vals[term]
+        value = dense(b, as_val(b, v))
+        outputs.append(_output(b, name, value, types.get(name, TensorProto.FLOAT), walk.shape(term)))
+    inputs = [helper.make_tensor_value_info(n, types[n], program.tensor_shapes[n])
+              for n in leaves.graph_inputs(src)]
+    graph = helper.make_graph(b.nodes, src.name or "apsat", inputs, outputs, list(b.initializers.values()))
+    tidy(graph)
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(CONTRIB, 1)] if CONTRIB in _domains(graph) else [])
+    out = helper.make_model(graph, opset_imports=opsets, producer_name="apsat", ir_version=IR_VERSION)
+    for key, value in (metadata or {}).items():
+        out.metadata_props.add(key=str(key), value=str(value))
+    check(out)
+    return out
+
+
+def check(model: onnx.ModelProto) -> None:
+    """onnx.checker's full check (shapes inferred and checked); ExportError naming what
+    it found."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as e:       # the checker raises several kinds; each is an export bug
+        raise ExportError(f"the exported model fails onnx.checker: {str(e).splitlines()[0]}") from None
+
+
+def _refuse_hardware(program) -> None:
+    """Atoms of an accelerator (systolic-array) have no ONNX op: say so before any work."""
+    for t in program.terms():
+        spec = OPS[t.op]
+        if spec.role == "atom" and t.op not in ("fused-dot-bias", "fused-dot-bias-act", "attention"):
+            raise ExportError(f"the program holds {t.op}, an accelerator atom with no ONNX form; "
+                              f"export the gpu target's program instead")
+
+
+def _domains(graph) -> set:
+    return {n.domain for n in graph.node if n.domain}
+
+
+def _output(b: Builder, name: str, value: str, elem: int, dims) -> onnx.ValueInfoProto:
+    """The graph output `name`: the value renamed (its producer writes `name`), cast back
+    to the original element type where that is not float."""
+    if elem != TensorProto.FLOAT:
+        value = b.op("Cast", [value], to=elem)
+    b.nodes.append(helper.make_node("Identity", [value], [name], name=f"{name}_out"))
+    return helper.make_tensor_value_info(name, elem, list(dims))
+
+
+class _Leaves:
+    """Graph inputs and opaque calls: the walk's leaves."""
+
+    def __init__(self, b: Builder, program, types: dict):
+        self.b, self.p, self.types = b, program, types
+        self.used: list[str] = []
+        self._float: dict[str, str] = {}
+
+    def graph_inputs(self, src) -> list[str]:
+        """The original's inputs the program reads, in the original's order."""
+        used = set(self.used)
+        return [v.name for v in src.input if v.name in used]
+
+    def _use(self, name: str) -> None:
+        if name not in self.used:
+            self.used.append(name)
+
+    def value(self, t, kids: list):
+        if t.op == "access-tensor":
+            name = t.args[0]
+            self._use(name)
+            return tensor_val(self._as_float(name), self.p.tensor_shapes[name])
+        return self._opaque(t, kids)
+
+    def _as_float(self, name: str) -> str:
+        if self.types.get(name, TensorProto.FLOAT) == TensorProto.FLOAT:
+            return name
+        if name not in self._float:
+            self._float[name] = self.b.op("Cast", [name], to=TensorProto.FLOAT)
+        return self._float[name]
+
+    def _opaque(self, t, kids: list):
+        """The original node, fed its arguments in the element types it was declared with."""
+        key, args, dims = t.args
+        spec = self.p.opaque_nodes[key]
+        node = onnx.NodeProto.FromString(spec.node)
+        inputs = list(node.input)
+        for pos, arg, val in zip(spec.arg_inputs, args, kids):
+            inputs[pos] = self._arg(arg, val, spec.input_types[pos])
+        for pos, value in spec.constants.items():
+            inputs[pos] = self.b.const(np.asarray(value), "opaque_const", np.asarray(value).dtype)
+        outs = [self.b.fresh(node.op_type.lower()) for _ in node.output]
+        self.b.nodes.append(helper.make_node(node.op_type, inputs, outs, name=outs[0],
+                                             domain=node.domain or None, **_attrs(node)))
+        out = outs[spec.output_index]
+        if spec.output_type != TensorProto.FLOAT:
+            out = self.b.op("Cast", [out], to=TensorProto.FLOAT)
+        return tensor_val(out, tuple(dims))
+
+    def _arg(self, arg, val, elem: int) -> str:
+        """An opaque call's argument: a graph input of that type as it is, a weight in
+        that type, else the value (a float) cast to it."""
+        name = arg.args[0] if arg.op == "access-tensor" else None
+        if name is not None and name not in self.p.weights and self.types.get(name) == elem:
+            self._use(name)
+            return name
+        if val.is_const:
+            dtype = helper.tensor_dtype_to_np_dtype(elem)
+            return self.b.const(np.broadcast_to(val.aligned_array(), val.shape), "opaque_arg", dtype)
+        out = dense(self.b, as_val(self.b, val))
+        return out if elem == TensorProto.FLOAT else self.b.op("Cast", [out], to=elem)
+
+
+def _attrs(node) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
