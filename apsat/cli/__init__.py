@@ -140,7 +140,8 @@ def _optimize_one(source, name: str, args, progress, task, randomize=False) -> d
         for notice in res.report.get("notices", []):
             progress.console.print(f"apsat: {name}: note: {notice}", markup=False, highlight=False, soft_wrap=True)
         try:
-            path = res.write(out_dir, compile_kernels=args.compile_kernels)
+            path = res.write(out_dir, compile_kernels=args.compile_kernels,
+                             onnx_out=getattr(args, "onnx_out", None) or False)
         except OSError as exc:
             raise ApsatError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
         return json.loads(path.read_text())
@@ -311,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     common_options(p)
     p.add_argument("--inputs", metavar="FILE.npz",
                    help="verify on these inputs (one array per model input) instead of seeded random ones")
+    p.add_argument("--onnx-out", metavar="PATH",
+                   help="also write the optimised program as an ONNX model (onnxruntime runs its com.microsoft ops)")
     p.set_defaults(func=cmd_optimize)
     p = sub.add_parser("zoo", help="optimise a set of models (default: the onnx light zoo) and verify each")
     p.add_argument("models", nargs="*", help="models or directories (default: the light zoo in onnx)")

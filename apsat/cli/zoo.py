@@ -28,6 +28,8 @@ def zoo_options(p) -> None:
                    help=f"a model's worker above this resident memory fails with that reason "
                         f"(default {DEFAULT_MAX_MEMORY_MIB:g})")
     p.add_argument("--force", action="store_true", help="redo models whose stored result is still valid")
+    p.add_argument("--onnx-out", action="store_true",
+                   help="also write each optimised program as ONNX, OUT/MODEL/optimized.onnx")
     p.add_argument("--executor", choices=("local", "dask"), default="local",
                    help="local worker processes (default) or a Dask distributed cluster")
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT",
@@ -57,7 +59,8 @@ def zoo_tasks(args, optimize_keywords, shapes_for) -> list:
         except Exception:          # an unreadable model: its worker says why, in one line
             shapes = None
         tasks.append(Task(name, str(p), target, list(rules), {**kw, "input_shapes": shapes},
-                          args.out, randomize=light, compile_kernels=args.compile_kernels))
+                          args.out, randomize=light, compile_kernels=args.compile_kernels,
+                          onnx_out=args.onnx_out))
     if len({t.name for t in tasks}) != len(tasks):
         raise ApsatError("two models share a file name; their reports would overwrite each other")
     return tasks

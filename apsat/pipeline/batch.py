@@ -48,6 +48,7 @@ class Task:
     out: str = "apsat-out"
     randomize: bool = False
     compile_kernels: bool = False
+    onnx_out: bool = False       # also write the program as optimized.onnx
 
     def key(self) -> str | None:
         """The content key of this task's result (see apsat.pipeline.store), None when the
@@ -59,7 +60,7 @@ class Task:
         texts = [p.read_text(errors="replace") if p.is_file() else f"<missing {p}>" for p in files]
         names = [str(r) for r in self.rules if not isinstance(r, Path)]
         options = {**self.options, "rules": names, "randomize": self.randomize,
-                   "compile": self.compile_kernels}
+                   "compile": self.compile_kernels, **({"onnx_out": True} if self.onnx_out else {})}
         try:
             data = Path(self.path).read_bytes()
         except OSError:
@@ -87,13 +88,13 @@ def run_task(task: Task, tell=None) -> dict:
             source = randomize_weights(onnx.load(task.path), seed=task.options.get("seed", 0))
         res = optimize(source, target=task.target, rules=task.rules or None, progress=tell, **task.options)
         res.report["model"] = task.name
-        report = _write_whole(res, Path(task.out) / task.name, task.compile_kernels)
+        report = _write_whole(res, Path(task.out) / task.name, task.compile_kernels, task.onnx_out)
     except ApsatError as e:
         return {**row, "status": "error", "error": str(e), "seconds": time.perf_counter() - start}
     return {**row, **summary(report), "seconds": time.perf_counter() - start}
 
 
-def _write_whole(res, final: Path, compile_kernels: bool) -> dict:
+def _write_whole(res, final: Path, compile_kernels: bool, onnx_out: bool = False) -> dict:
     """res.write into a sibling temporary directory, then swap it in for `final`; returns
     the report as written (with the backend's compile figures). ApsatError when the
     directory cannot be written."""
@@ -107,7 +108,7 @@ def _write_whole(res, final: Path, compile_kernels: bool) -> dict:
     except OSError as e:
         raise ApsatError(f"cannot write {final}: {e.strerror or e}") from None
     try:
-        report = json.loads(res.write(tmp, compile_kernels=compile_kernels).read_text())
+        report = json.loads(res.write(tmp, compile_kernels=compile_kernels, onnx_out=onnx_out).read_text())
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -47,19 +47,48 @@ class OptimizeResult:
         out = evaluate(self.program, {**self.model.weights, **inputs})
         return out if isinstance(out, dict) else {next(iter(self.program.outputs)): out}
 
-    def write(self, out_dir, compile_kernels=True) -> Path:
+    def to_onnx(self, path=None):
+        """The program as an ONNX model (apsat.backends.onnx.export_onnx) with the
+        original's input and output names and types, its metadata naming the apsat
+        version, target, rules and extractor; saved to `path` when given. ExportError (an
+        ApsatError, one line) for a program ONNX cannot express (a systolic-array atom)."""
+        from apsat.backends.onnx import export_onnx
+
+        r = self.report
+        meta = {"apsat_version": _version(), "apsat_target": r.get("target", ""),
+                "apsat_rules": ",".join(map(str, r.get("rules") or [])) or "default plan",
+                "apsat_extractor": (r.get("extraction") or {}).get("method", ""),
+                "apsat_input_dims": json.dumps({n: list(d) for n, d in self.model.inputs.items()})}
+        proto = export_onnx(self.program, self.model, meta)
+        if path is not None:
+            import onnx
+
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            onnx.save(proto, str(path))
+        return proto
+
+    def write(self, out_dir, compile_kernels=True, onnx_out=False) -> Path:
         """Write report.json and program.txt (the program in DAG form, see
         syntax.to_dag_text; read back with syntax.parse_dag_text) into out_dir, and the
         backend's files: gpu kernels/ and runner.py (compiled when `compile_kernels` and
         the tools allow; what the tools said is added to the backend's figures in the
         written report.json), systolic instructions.txt and, when the simulator ran,
-        simulated_outputs.npz. Returns the report path; self.report is left as it is."""
+        simulated_outputs.npz. `onnx_out`: also the ONNX export (to_onnx), at that path,
+        or as optimized.onnx in out_dir when True; the report's "onnx_out" says where and
+        its node count. Returns the report path; self.report is left as it is."""
         from apsat.lang.syntax import to_dag_text
 
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "program.txt").write_text(to_dag_text(self.program.outputs))
         report = dict(self.report)
+        if onnx_out:
+            path = out_dir / "optimized.onnx" if onnx_out is True else Path(onnx_out)
+            proto = self.to_onnx(path)
+            ops: dict[str, int] = {}
+            for node in proto.graph.node:
+                ops[node.op_type] = ops.get(node.op_type, 0) + 1
+            report["onnx_out"] = {"path": str(path), "nodes": len(proto.graph.node), "ops": ops}
         if self.backend is not None:
             written = self.backend.write(self.lowered, out_dir, compile=compile_kernels)
             report[self.backend.name] = {**report[self.backend.name], **written}
@@ -71,6 +100,16 @@ class OptimizeResult:
         path = out_dir / "report.json"
         path.write_text(json.dumps(report, indent=2, default=str) + "\n")
         return path
+
+
+def _version() -> str:
+    """The installed apsat's version (the source tree's when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("apsat")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-dag",

@@ -61,7 +61,7 @@ def _apply(b: Builder, op, names: list) -> str:
                              lambda kind, *xs: _compare(b, kind, xs), lambda c, x, y: b.op("Where", [c, x, y]))
         return fm.interpret(spec.scalar, names, op.args, reading)
     op_type, *words = spec.onnx_out.split()
-    attrs = {w.split("=")[0]: w.split("=")[1] for w in words if "=" in w}
+    attrs = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in (w.split("=") for w in words if "=" in w)}
     named = [w for w in words if "=" not in w and w != "+"]
     attrs.update({w: float(p) for w, p in zip(named, op.args)})
     inputs = list(names) + ([b.const(np.float32(p)) for p in op.args] if "+" in words else [])

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from apsat.backends.onnx.graph import Builder, Val, in_layout, physical
-from apsat.backends.onnx.views import Padded, Windows, as_val
+from apsat.backends.onnx.views import Padded, Windows, as_val, squeeze
 
 # activations onnxruntime's FusedConv and FusedGemm apply, with their parameters' names
 FUSED_ACTIVATIONS = {"relu": ("Relu", ()), "tanh": ("Tanh", ()), "sigmoid": ("Sigmoid", ()),
@@ -86,12 +86,13 @@ def _dense_in(b: Builder, v: Val, order: list) -> Val:
         a = np.transpose(a[tuple(0 if i in rest else slice(None) for i in range(a.ndim))],
                          [sorted(order).index(i) for i in order])
         return Val(None, a.shape, tuple(range(a.ndim)), a.shape, np.ascontiguousarray(a))
-    laid = in_layout(b, v, tuple(order + rest))
-    name, dims = laid.name, tuple(v.shape[i] for i in order)
-    if laid.dims[:len(order)] != dims:
-        name = b.op("Expand", [name, b.ints(dims + (1,) * len(rest))])
-    if rest:
-        name = b.reshape(name, dims)
+    for axis in sorted(rest, reverse=True):          # broadcast axes: dropped, no node
+        v = squeeze(v, axis)
+    kept = sorted(order)
+    laid = in_layout(b, v, tuple(kept.index(i) for i in order))
+    name, dims = laid.name, tuple(v.shape[kept.index(i)] for i in order)
+    if laid.dims != dims:
+        name = b.op("Expand", [name, b.ints(dims)])
     return Val(name, dims, tuple(range(len(dims))), dims)
 
 
