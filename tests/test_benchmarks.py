@@ -52,3 +52,16 @@ def test_saturate_benchmark_measures_the_default_plan():
         phases = [p["phase"] for p in report["phases"]]
         assert phases == [p.name for p in default_plan(parse_target(target))]
         assert report["overshoot"] == 0 and report["nodes"] > report["loaded"][0]
+
+
+def test_onnx_out_benchmark_on_squeezenet():
+    """One light model through benchmarks/onnx_out.py with the real exporter: the export
+    passes the checker and matches the original, and the row's figures are whole."""
+    bench = _load("onnx_out")
+    (entry,) = bench.models(["squeezenet"], "light")
+    row = bench.measure(entry, runs=20, warmup=1, min_seconds=0)
+    assert row["status"] == "ok", row["status"]
+    nodes = [row[k] for k in ("nodes_orig", "nodes_ort_ext", "nodes_ort_all", "nodes_export")]
+    assert all(isinstance(n, int) and n > 0 for n in nodes), nodes
+    assert all(row[k] > 0 for k in ("ms_orig_disable", "ms_orig_all", "ms_export"))
+    assert row["runs"] == 20 and row["ratio"] == row["ms_orig_all"] / row["ms_export"]

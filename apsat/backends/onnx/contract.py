@@ -47,6 +47,8 @@ def matmul(b: Builder, a: Val, w: Val, n_iter: int, shape: tuple, bias: Val | No
     """sum_k a[.., k..] * w[.., k..] (+ bias over the n axes) as one MatMul (or Gemm)."""
     rank = len(a.shape)
     role = roles(a, w, n_iter)
+    # a's own size-1 axes ride along as M axes: dropping them would cost a Reshape
+    role = ["m" if r == "unit" and not a.is_const and a.perm[i] is not None else r for i, r in enumerate(role)]
     axes = {r: [i for i in range(n_iter) if role[i] == r] for r in ("batch", "m", "n", "unit")}
     item = list(range(n_iter, rank))
     size = lambda ax: math.prod(shape[i] if i < n_iter else a.shape[i] for i in ax)  # noqa: E731
@@ -66,7 +68,7 @@ def matmul(b: Builder, a: Val, w: Val, n_iter: int, shape: tuple, bias: Val | No
     else:
         right = b.reshape(wk.name, right_dims)
     bias_name = None if bias is None else b.const(np.reshape(_bias_array(bias, axes["n"]), [-1]), "bias")
-    if len(m_dims) == 1 and bias_name is not None and not lead:
+    if len(m_dims) == 1 and bias_name is not None and not lead and len(item) == 1:
         out = b.op("Gemm", [left, right, bias_name])
     else:
         out = b.op("MatMul", [left, right])

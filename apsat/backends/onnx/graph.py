@@ -132,7 +132,8 @@ def in_layout(b: Builder, v: Val, order: tuple) -> Val:
     present = [v.perm[i] for i in order if v.perm[i] is not None]
     rest = [p for p in range(len(v.dims)) if p not in present]
     name, dims = v.name, v.dims
-    if present + rest != list(range(len(dims))):
+    moved = [p for p in present + rest if v.dims[p] != 1]
+    if moved != sorted(moved):          # size-1 axes move by the Reshape below, not a Transpose
         name = b.transpose(name, present + rest)
         dims = tuple(dims[p] for p in present + rest)
     want = tuple(v.dims[v.perm[i]] if v.perm[i] is not None else 1 for i in order)

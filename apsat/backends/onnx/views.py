@@ -121,8 +121,28 @@ def reshape(b: Builder, v, dims: tuple) -> Val:
     dims = tuple(dims)
     if isinstance(v, Val) and v.is_const:
         return const_val(compact(np.reshape(v.logical_array(), dims)), dims)
+    lazy = _unit_reshape(v, dims)
+    if lazy is not None:
+        return lazy
     name = dense_any(b, v)
     return Val(b.reshape(name, dims), dims, tuple(range(len(dims))), dims)
+
+
+def _unit_reshape(v, dims: tuple):
+    """A reshape that only inserts or removes size-1 axes, as a layout change (no node);
+    None for any other."""
+    if not isinstance(v, Val):
+        return None
+    old = [i for i, d in enumerate(v.shape) if d != 1]
+    new = [i for i, d in enumerate(dims) if d != 1]
+    if [v.shape[i] for i in old] != [dims[i] for i in new]:
+        return None
+    if any(v.perm[i] is None or v.dims[v.perm[i]] != v.shape[i] for i in old):
+        return None                      # a broadcast axis would change its meaning
+    perm = [None] * len(dims)
+    for i, j in zip(old, new):
+        perm[j] = v.perm[i]
+    return Val(v.name, v.dims, tuple(perm), dims, v.array)
 
 
 def slice_axis(b: Builder, v, axis: int, lo: int, hi: int) -> Val:
