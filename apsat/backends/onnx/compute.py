@@ -15,7 +15,7 @@ import onnx
 from onnx import TensorProto
 
 from apsat.backends.onnx.graph import Builder, Val, in_layout, physical
-from apsat.backends.onnx.views import Pair, as_val, slice_axis, squeeze, _common_order
+from apsat.backends.onnx.views import ExportError, Pair, as_val, slice_axis, squeeze, _common_order
 from apsat.lang import formula as fm
 from apsat.lang.ops import COMPUTE_OPS, chain_parts
 
@@ -144,8 +144,8 @@ def over_item(b: Builder, op, v, n_iter: int, shape: tuple) -> Val:
         out = _rms_norm(b, name, n_iter, len(shape), float(op.args[0]))
     elif op.op == "lrn":
         out = _lrn(b, name, x.dims, n_iter, op.args)
-    else:
-        raise NotImplementedError(op.op)
+    else:                                # a new "item" operator without an ONNX form here
+        raise ExportError(f"compute {op.op} has no ONNX form")
     return Val(out, x.dims, x.perm, shape)
 
 

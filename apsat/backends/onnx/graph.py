@@ -171,5 +171,3 @@ def _inverse(order: tuple) -> tuple:
         inv[logical] = phys
     return tuple(inv)
 
-
-FLOAT = TensorProto.FLOAT
