@@ -190,7 +190,8 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
                 scalar=0.5 * X * (tanh(X * (GELU_C * X * X + GELU_B)) + 1.0), activation=True, onnx_out="Gelu approximate=tanh"),
     ComputeSpec("silu", (), "map",
                 "SiLU (swish): x * sigmoid(x); built by the fusion rules from the Mul(x, Sigmoid(x)) "
-                "exporters write (EfficientNet, Llama's MLP).", (), scalar=X * sigmoid(X), activation=True),
+                "exporters write (EfficientNet, Llama's MLP).", (), scalar=X * sigmoid(X), activation=True,
+                onnx_out="com.microsoft:QuickGelu alpha=1.0"),   # onnxruntime's x * sigmoid(alpha * x)
     ComputeSpec("hard-sigmoid", ("float", "float"), "map", "max(0, min(1, alpha * x + beta)).",
                 ("HardSigmoid",), scalar=_hard_sigmoid(X, param(0), param(1)), activation=True, onnx_out="HardSigmoid alpha beta"),
     ComputeSpec("hard-swish", (), "map", "x * hard-sigmoid(x) with alpha 1/6, beta 0.5 (ONNX's).",

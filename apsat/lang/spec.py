@@ -103,7 +103,8 @@ class ComputeSpec:
     onnx_out    the ONNX op the exporter writes over the operands: `Op`, then per literal
                 parameter the attribute it sets (`LeakyRelu alpha`), or `+` for parameters
                 passed as constant inputs (`Clip +`), and fixed attributes as `name=value`
-                (`Mod fmod=1`); empty: the exporter writes the formula op by op"""
+                (`Mod fmod=1`); `domain:Op` names a contrib op (`com.microsoft:QuickGelu`);
+                empty: the exporter writes the formula op by op"""
 
     name: str
     params: tuple[str, ...]

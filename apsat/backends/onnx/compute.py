@@ -61,7 +61,7 @@ def _apply(b: Builder, op, names: list) -> str:
                              lambda kind, *xs: _compare(b, kind, xs), lambda c, x, y: b.op("Where", [c, x, y]))
         return fm.interpret(spec.scalar, names, op.args, reading)
     op_type, *words = spec.onnx_out.split()
-    attrs = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in (w.split("=") for w in words if "=" in w)}
+    attrs = {k: _literal(v) for k, v in (w.split("=") for w in words if "=" in w)}
     named = [w for w in words if "=" not in w and w != "+"]
     attrs.update({w: float(p) for w, p in zip(named, op.args)})
     inputs = list(names) + ([b.const(np.float32(p)) for p in op.args] if "+" in words else [])
@@ -73,9 +73,23 @@ def _apply(b: Builder, op, names: list) -> str:
     return _typed(b, op_type, inputs, attrs)
 
 
+def _literal(text: str):
+    """A fixed attribute's value: an int, else a float, else the string."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def _typed(b: Builder, op_type: str, inputs: list, attrs: dict) -> str:
     """One node, with Casts where ONNX's schema wants booleans in or gives them out (the
-    language's booleans are float 0.0 / 1.0)."""
+    language's booleans are float 0.0 / 1.0). `domain:Op` is a contrib op (float in and
+    out)."""
+    if ":" in op_type:
+        domain, op_type = op_type.split(":")
+        return b.op(op_type, inputs, domain=domain, **attrs)
     schema = onnx.defs.get_schema(op_type, OPSET)
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
 
@@ -105,6 +119,10 @@ def _compare(b: Builder, kind: str, xs) -> str:
 
 # ---- over the whole item --------------------------------------------------------------------
 
+# a reduction over every axis after (N, C) is a global pool
+GLOBAL_POOLS = {"reduce-mean": "GlobalAveragePool", "reduce-max": "GlobalMaxPool"}
+
+
 def reduce(b: Builder, name: str, v, n_iter: int, shape: tuple) -> Val:
     """reduce-sum / -max / -mean over the item axes (keepdims: the reduced axes stay as
     size-1 physical axes no logical axis names)."""
@@ -112,7 +130,10 @@ def reduce(b: Builder, name: str, v, n_iter: int, shape: tuple) -> Val:
     axes = [v.perm[a] for a in range(n_iter, len(v.shape)) if v.perm[a] is not None]
     if not axes:
         return Val(v.name, v.dims, v.perm[:n_iter], shape, v.array)
-    out = b.op(REDUCE_OPS[name], [physical(b, v), b.ints(axes)], keepdims=1)
+    if name in GLOBAL_POOLS and 3 <= len(v.dims) <= 5 and sorted(axes) == list(range(2, len(v.dims))):
+        out = b.op(GLOBAL_POOLS[name], [physical(b, v)])      # NCHWc-friendly in onnxruntime
+    else:
+        out = b.op(REDUCE_OPS[name], [physical(b, v), b.ints(axes)], keepdims=1)
     dims = tuple(1 if p in axes else d for p, d in enumerate(v.dims))
     return Val(out, dims, v.perm[:n_iter], shape)
 
@@ -132,10 +153,11 @@ def over_item(b: Builder, op, v, n_iter: int, shape: tuple) -> Val:
     x = _item_last(b, v, n_iter)
     name, item = physical(b, x), shape[n_iter:]
     if op.op == "softmax":
-        flat = len(item) > 1
+        wide = [i for i, d in enumerate(item) if d > 1]
+        flat = len(wide) > 1               # over one axis (size-1 axes aside): no reshape
         if flat:
             name = b.reshape(name, list(x.dims[:n_iter]) + [-1])
-        out = b.op("Softmax", [name], axis=-1)
+        out = b.op("Softmax", [name], axis=-1 if flat else n_iter + (wide or [0])[0])
         out = b.reshape(out, x.dims) if flat else out
     elif op.op == "layer-norm":
         out = b.op("LayerNormalization", [name, b.const(np.ones(item, np.float32))],
@@ -161,6 +183,6 @@ def _lrn(b: Builder, x: str, dims: tuple, n_iter: int, params) -> str:
     size, alpha, beta, bias = params
     lead = int(np.prod(dims[:n_iter])) if n_iter else 1
     rest = list(dims[n_iter:]) + ([1] if len(dims) - n_iter < 3 else [])
-    y = b.reshape(x, [lead] + rest)
+    y = b.reshape(x, [lead] + rest, dims)
     y = b.op("LRN", [y], size=int(size), alpha=float(alpha), beta=float(beta), bias=float(bias))
-    return b.reshape(y, dims)
+    return b.reshape(y, dims, [lead] + rest)

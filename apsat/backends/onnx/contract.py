@@ -55,26 +55,28 @@ def matmul(b: Builder, a: Val, w: Val, n_iter: int, shape: tuple, bias: Val | No
     lead = axes["batch"]
     if w.is_const and not lead:
         ax = _dense_in(b, a, axes["m"] + item)
-        left = ax.name if len(item) == 1 else b.reshape(ax.name, [shape[i] for i in axes["m"]] + [size(item)])
-        m_dims = [shape[i] for i in axes["m"]]
+        m_dims = [shape[i] for i in axes["m"]] or [1]       # a vector: a 1-row matrix (Gemm)
+        left = b.reshape(ax.name, m_dims + [size(item)], ax.dims)
     else:
         ax = _dense_in(b, a, lead + axes["m"] + item)
-        left = b.reshape(physical(b, ax), [shape[i] for i in lead] + [size(axes["m"]), size(item)])
+        left = b.reshape(physical(b, ax), [shape[i] for i in lead] + [size(axes["m"]), size(item)], ax.dims)
         m_dims = [shape[i] for i in lead] + [size(axes["m"])]
     wk = _dense_in(b, w, lead + item + axes["n"])
     right_dims = [shape[i] for i in lead] + [size(item), size(axes["n"])]
     if wk.is_const:
         right = b.const(np.reshape(wk.array, right_dims), "weight")
     else:
-        right = b.reshape(wk.name, right_dims)
+        right = b.reshape(wk.name, right_dims, wk.dims)
     bias_name = None if bias is None else b.const(np.reshape(_bias_array(bias, axes["n"]), [-1]), "bias")
-    if len(m_dims) == 1 and bias_name is not None and not lead and len(item) == 1:
+    if len(m_dims) == 1 and bias_name is not None and not lead:
         out = b.op("Gemm", [left, right, bias_name])
     else:
         out = b.op("MatMul", [left, right])
         if bias_name is not None:
             out = b.op("Add", [out, bias_name])
     out_dims = tuple(m_dims) + (size(axes["n"]),)
+    if not axes["m"] and not lead:
+        out, out_dims = b.reshape(out, out_dims[1:], out_dims), out_dims[1:]
     return _unflatten(b, out, out_dims, [lead, axes["m"], axes["n"]], shape)
 
 
@@ -111,7 +113,7 @@ def _unflatten(b: Builder, name: str, dims: tuple, groups: list, shape: tuple) -
     order = [i for g in groups for i in g]
     want = tuple(shape[i] for i in order)
     if dims != want:
-        name = b.reshape(name, want)
+        name = b.reshape(name, want, dims)
     perm = [None] * len(shape)
     for phys, logical in enumerate(order):
         perm[logical] = phys
@@ -133,7 +135,7 @@ def conv(b: Builder, win: Windows, w: Val, n_iter: int, shape: tuple, bias=None,
     n, c = math.prod(src.shape[i] for i in batch), math.prod(src.shape[i] for i in group + chan)
     x_name = physical(b, x)
     if len(batch) != 1 or len(group + chan) != 1:
-        x_name = b.reshape(x_name, [n, c] + [src.shape[i] for i in spatial])
+        x_name = b.reshape(x_name, [n, c] + [src.shape[i] for i in spatial], x.dims)
     lead, m_axes, out_axes = _conv_axes(win, w, n_iter, batch, spatial)
     weight, g = _conv_weight(win, w, n_iter, m_axes, spatial, len(group))
     attrs = dict(kernel_shape=[win.window[i - win.n_iter] for i in spatial],

@@ -15,6 +15,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from apsat.backends.onnx.compute import OPSET
+from apsat.backends.onnx.fuse import fuse
 from apsat.backends.onnx.fold import fold_weights, weight_only_terms
 from apsat.backends.onnx.graph import Builder, dense, tensor_val
 from apsat.backends.onnx.tidy import tidy
@@ -49,8 +50,12 @@ def export_onnx(program, model, metadata: dict | None = None) -> onnx.ModelProto
               for n in leaves.graph_inputs(src)]
     graph = helper.make_graph(b.nodes, src.name or "apsat", inputs, outputs, list(b.initializers.values()))
     tidy(graph)
-    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(CONTRIB, 1)] if CONTRIB in _domains(graph) else [])
-    out = helper.make_model(graph, opset_imports=opsets, producer_name="apsat", ir_version=IR_VERSION)
+    out = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(CONTRIB, 1)],
+                            producer_name="apsat", ir_version=IR_VERSION)
+    fuse(out)
+    tidy(out.graph)
+    if CONTRIB not in _domains(out.graph):
+        out.opset_import.pop()
     for key, value in (metadata or {}).items():
         out.metadata_props.add(key=str(key), value=str(value))
     check(out)

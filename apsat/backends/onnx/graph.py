@@ -80,6 +80,7 @@ class Builder:
         self.domains: set[str] = set()
         self._count = 0
         self._shared: dict[bytes, str] = {}
+        self._reshaped: dict[str, tuple] = {}     # Reshape output -> (its input, input dims)
 
     def fresh(self, hint: str) -> str:
         """A value name not used before (`hint` says what it is)."""
@@ -112,8 +113,20 @@ class Builder:
         """An int64 1-D constant (shapes, axes, pads)."""
         return self.const(np.asarray(list(values), dtype=np.int64), "ints", np.int64)
 
-    def reshape(self, name: str, dims) -> str:
-        return self.op("Reshape", [name, self.ints(dims)])
+    def reshape(self, name: str, dims, src_dims=None) -> str:
+        """`name` reshaped to `dims` (static, no -1 when `src_dims` is given). With the
+        dims of `name` known (`src_dims`), a reshape back to a value's own dims reads that
+        value, so a split and its merge around a node cost nothing (the first Reshape is
+        dropped when nothing else reads it)."""
+        dims = tuple(int(d) for d in dims)
+        if name in self._reshaped:             # a Reshape of a Reshape reads the first's input
+            name, src_dims = self._reshaped[name]
+        if src_dims is not None and tuple(src_dims) == dims:
+            return name
+        out = self.op("Reshape", [name, self.ints(dims)])
+        if src_dims is not None and -1 not in dims:
+            self._reshaped[out] = (name, tuple(src_dims))
+        return out
 
     def transpose(self, name: str, perm) -> str:
         return self.op("Transpose", [name], perm=list(perm))
@@ -138,7 +151,7 @@ def in_layout(b: Builder, v: Val, order: tuple) -> Val:
         dims = tuple(dims[p] for p in present + rest)
     want = tuple(v.dims[v.perm[i]] if v.perm[i] is not None else 1 for i in order)
     if dims != want:
-        name = b.reshape(name, want)
+        name = b.reshape(name, want, dims)
     return Val(name, want, _inverse(order), v.shape)
 
 

@@ -40,7 +40,7 @@ def pool(b: Builder, name: str, win: Windows, n_iter: int, shape: tuple):
     lead = [base.shape[a] for a in order[:len(passing)]]
     x_name = physical(b, x)
     if len(passing) != 2:
-        x_name = b.reshape(x_name, [math.prod(lead), 1] + [base.shape[a] for a in spatial])
+        x_name = b.reshape(x_name, [math.prod(lead), 1] + [base.shape[a] for a in spatial], x.dims)
     attrs = dict(kernel_shape=[win.window[a - win.n_iter] for a in spatial],
                  strides=[win.strides[a - win.n_iter] for a in spatial],
                  pads=[pads.get(a, (0, 0))[0] for a in spatial] + [pads.get(a, (0, 0))[1] for a in spatial])
@@ -53,7 +53,7 @@ def pool(b: Builder, name: str, win: Windows, n_iter: int, shape: tuple):
     out_spatial = [shape[_position(win, a)] for a in spatial]
     dims = tuple(lead) + tuple(out_spatial)
     if len(passing) != 2:
-        out = b.reshape(out, dims)
+        out = b.reshape(out, dims, [math.prod(lead), 1] + out_spatial)
     perm = [None] * len(shape)
     for phys, a in enumerate(order):
         perm[_position(win, a)] = phys
@@ -92,7 +92,7 @@ def attention(b: Builder, safe: int, q, k, bias, v, shape: tuple) -> Val:
     names = []
     for x in (qd, kd, vd):
         name = physical(b, x)
-        names.append(name if len(heads) == 2 else b.reshape(name, four + list(x.dims[-2:])))
+        names.append(name if len(heads) == 2 else b.reshape(name, four + list(x.dims[-2:]), x.dims))
     mask = None
     if bias is not None:
         full = tuple(shape[i] for i in lead) + (shape[m], k.shape[n])

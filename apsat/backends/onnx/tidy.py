@@ -2,8 +2,8 @@
 
 Each pass is a peephole that keeps the graph's meaning: the value a graph output takes is
 renamed to the output's name (no Identity), a Reshape of a Reshape reads the first one's
-input, a Transpose of a Transpose is one (or none), and nodes and initializers nothing
-reads are dropped.
+input, a Transpose of a Transpose is one (or none), a Concat of a Concat on one axis is
+one, and nodes and initializers nothing reads are dropped.
 """
 from __future__ import annotations
 
@@ -54,7 +54,33 @@ def _chains(graph) -> bool:
             node.attribute.extend([helper.make_attribute("perm", combined)])
             changed = True
     changed |= _identity_transposes(graph)
-    return changed
+    return changed | _concats(graph)
+
+
+def _concats(graph) -> bool:
+    """Concat(Concat(a, b), c) on one axis -> Concat(a, b, c) where nothing else reads
+    the inner one."""
+    changed, merged_any = True, False
+    while changed:
+        changed = False
+        made, uses = _producers(graph), _uses(graph)
+        for node in graph.node:
+            if node.op_type != "Concat":
+                continue
+            axis = helper.get_attribute_value(node.attribute[0])
+            for k, name in enumerate(node.input):
+                inner = made.get(name)
+                if inner is not None and inner.op_type == "Concat" and uses[name] == 1 \
+                        and helper.get_attribute_value(inner.attribute[0]) == axis:
+                    merged = list(node.input[:k]) + list(inner.input) + list(node.input[k + 1:])
+                    del node.input[:]
+                    node.input.extend(merged)
+                    graph.node.remove(inner)
+                    changed = merged_any = True
+                    break
+            if changed:
+                break
+    return merged_any
 
 
 def _identity_transposes(graph) -> bool:

@@ -121,11 +121,11 @@ def reshape(b: Builder, v, dims: tuple) -> Val:
     dims = tuple(dims)
     if isinstance(v, Val) and v.is_const:
         return const_val(compact(np.reshape(v.logical_array(), dims)), dims)
-    lazy = _unit_reshape(v, dims)
+    lazy = _unit_reshape(v, dims) if isinstance(v, Val) else _padded_reshape(b, v, dims)
     if lazy is not None:
         return lazy
     name = dense_any(b, v)
-    return Val(b.reshape(name, dims), dims, tuple(range(len(dims))), dims)
+    return Val(b.reshape(name, dims, v.shape), dims, tuple(range(len(dims))), dims)
 
 
 def _unit_reshape(v, dims: tuple):
@@ -143,6 +143,49 @@ def _unit_reshape(v, dims: tuple):
     for i, j in zip(old, new):
         perm[j] = v.perm[i]
     return Val(v.name, v.dims, tuple(perm), dims, v.array)
+
+
+def _padded_reshape(b: Builder, p, dims: tuple):
+    """A reshape of padded data that splits or merges only unpadded axes, as the same
+    padding of the reshaped base (a grouped conv's (N, C, H, W) -> (N, G, C/G, H, W) keeps
+    its pads for Conv's attribute); None for any other."""
+    if not isinstance(p, Padded):
+        return None
+    base_dims, pads = [], []
+    for old, new in _reshape_groups(p.shape, dims):
+        padded = [a for a in old if p.pads[a] != (0, 0)]
+        if padded and (len(old) != 1 or len(new) != 1):
+            return None
+        for j in new:
+            lo, hi = p.pads[old[0]] if padded else (0, 0)
+            base_dims.append(dims[j] - lo - hi)
+            pads.append((lo, hi))
+    return Padded(reshape(b, p.base, tuple(base_dims)), tuple(pads), p.kind, dims)
+
+
+def _reshape_groups(old: tuple, new: tuple) -> list:
+    """A reshape's axes in smallest groups of equal size: [(old axes, new axes)..]."""
+    groups, i, j = [], 0, 0
+    while i < len(old) or j < len(new):
+        a = old[i] if i < len(old) else 1
+        c = new[j] if j < len(new) else 1
+        if (a == 1) != (c == 1):          # a size-1 axis on one side only: a group alone
+            groups.append(([i], []) if a == 1 else ([], [j]))
+            i, j = (i + 1, j) if a == 1 else (i, j + 1)
+            continue
+        gi, gj = [i], [j]
+        while a != c:
+            if a < c:
+                i += 1
+                gi.append(i)
+                a *= old[i]
+            else:
+                j += 1
+                gj.append(j)
+                c *= new[j]
+        groups.append(([x for x in gi if x < len(old)], [y for y in gj if y < len(new)]))
+        i, j = i + 1, j + 1
+    return groups
 
 
 def slice_axis(b: Builder, v, axis: int, lo: int, hi: int) -> Val:
