@@ -40,18 +40,56 @@ def operands(b: Builder, v, axis: int) -> list:
     return [squeeze(slice_axis(b, v, axis, i, i + 1), axis) for i in range(v.shape[axis])]
 
 
+# ONNX ops with a neutral constant: (value, the operand positions it may take)
+NEUTRAL = {"Add": (0.0, (0, 1)), "Mul": (1.0, (0, 1)), "Sub": (0.0, (1,)), "Div": (1.0, (1,))}
+
+
 def elementwise(b: Builder, op, vals: list, shape: tuple) -> Val:
     """Apply the element-wise operator term `op` (unary map, n-ary operator or chain) to
     operand Vals of logical dims `shape` (broadcast where smaller)."""
+    kept = _without_neutral(op, vals, shape)
+    if kept is not None:
+        return kept
+    live = [v for v in vals if not v.is_const]
+    if len(live) == 1 and all(v.array.size == 1 for v in vals if v.is_const) and b.reshaped_from(live[0].name):
+        return _before_reshape(b, op, vals, live[0], shape)
     order = _common_order(vals, len(shape))
     laid = [in_layout(b, v, order) for v in vals]
     names = [physical(b, v) for v in laid]
     dims = tuple(np.broadcast_shapes(*[v.dims for v in laid]))
+    return Val(_chain(b, op, names), dims, laid[0].perm, shape)
+
+
+def _before_reshape(b: Builder, op, vals: list, x: Val, shape: tuple) -> Val:
+    """An element-wise op of one reshaped value and scalars, applied before the reshape
+    (it commutes with it): a split, scale and merge around Attention cost one Mul."""
+    src, src_dims = b.reshaped_from(x.name)
+    names = [src if v is x else b.const(v.array.reshape(())) for v in vals]
+    name = _chain(b, op, names)
+    return Val(b.reshape(name, x.dims, src_dims), x.dims, x.perm, shape)
+
+
+def _chain(b: Builder, op, names: list) -> str:
     first, *rest = chain_parts(op)
     name = _apply(b, first, names)
     for g in rest:
         name = _apply(b, g, [name])
-    return Val(name, dims, laid[0].perm, shape)
+    return name
+
+
+def _without_neutral(op, vals: list, shape: tuple):
+    """x + 0, x * 1, x - 0, x / 1 (the constant all neutral, x already of the result's
+    shape): x itself, no node; else None."""
+    parts = chain_parts(op)
+    kind = COMPUTE_OPS[parts[0].op].onnx_out.split(" ")[0]
+    if len(parts) != 1 or len(vals) != 2 or kind not in NEUTRAL:
+        return None
+    value, positions = NEUTRAL[kind]
+    for k in positions:
+        const, other = vals[k], vals[1 - k]
+        if const.is_const and np.all(const.array == value) and other.shape == tuple(shape):
+            return other
+    return None
 
 
 def _apply(b: Builder, op, names: list) -> str:
@@ -97,10 +135,10 @@ def _typed(b: Builder, op_type: str, inputs: list, attrs: dict) -> str:
         return type_str == "tensor(bool)" or allowed.get(type_str) == {"tensor(bool)"}
 
     formal = [i.type_str for i in schema.inputs]
-    ins = [b.op("Cast", [x], to=TensorProto.BOOL) if boolean(formal[min(k, len(formal) - 1)]) else x
+    ins = [b.cast(x, TensorProto.BOOL) if boolean(formal[min(k, len(formal) - 1)]) else x
            for k, x in enumerate(inputs)]
     out = b.op(op_type, ins, **attrs)
-    return b.op("Cast", [out], to=TensorProto.FLOAT) if boolean(schema.outputs[0].type_str) else out
+    return b.cast(out, TensorProto.FLOAT, TensorProto.BOOL) if boolean(schema.outputs[0].type_str) else out
 
 
 def _call(b: Builder, fn: str, xs) -> str:
@@ -113,7 +151,7 @@ def _call(b: Builder, fn: str, xs) -> str:
 
 def _compare(b: Builder, kind: str, xs) -> str:
     if kind == "nz":
-        return b.op("Cast", [xs[0]], to=TensorProto.BOOL)
+        return b.cast(xs[0], TensorProto.BOOL)
     return b.op("GreaterOrEqual", list(xs))
 
 

@@ -121,7 +121,7 @@ class _Leaves:
         if self.types.get(name, TensorProto.FLOAT) == TensorProto.FLOAT:
             return name
         if name not in self._float:
-            self._float[name] = self.b.op("Cast", [name], to=TensorProto.FLOAT)
+            self._float[name] = self.b.cast(name, TensorProto.FLOAT, self.types[name])
         return self._float[name]
 
     def _opaque(self, t, kids: list):

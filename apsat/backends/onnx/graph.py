@@ -21,6 +21,11 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 
+INTEGER_TYPES = {TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
+                 TensorProto.UINT64, TensorProto.UINT32, TensorProto.UINT16, TensorProto.UINT8,
+                 TensorProto.BOOL}
+
+
 @dataclass(frozen=True, eq=False)
 class Val:
     """A term's value: ONNX value `name` (None for a constant `array`) with physical dims
@@ -81,6 +86,7 @@ class Builder:
         self._count = 0
         self._shared: dict[bytes, str] = {}
         self._reshaped: dict[str, tuple] = {}     # Reshape output -> (its input, input dims)
+        self._cast_from: dict[str, tuple] = {}    # Cast output -> (its input, input type)
 
     def fresh(self, hint: str) -> str:
         """A value name not used before (`hint` says what it is)."""
@@ -109,6 +115,29 @@ class Builder:
             self._shared[key] = name
         return self._shared[key]
 
+    def value_of(self, name: str) -> np.ndarray | None:
+        """The array of an initializer written here, None for any other value."""
+        t = self.initializers.get(name)
+        return None if t is None else numpy_helper.to_array(t)
+
+    def cast(self, name: str, to: int, elem: int | None = None) -> str:
+        """`name` (of element type `elem`, where known) cast to element type `to`. A
+        constant is cast here, not by a node; an integer cast to float and then to bool
+        is cast to bool once (nonzero either way)."""
+        a = self.value_of(name)
+        if a is not None:
+            dtype = helper.tensor_dtype_to_np_dtype(to)
+            return self.const(a.astype(dtype), "const", dtype)
+        src, src_elem = self._cast_from.get(name, (None, None))
+        if to == TensorProto.BOOL and src_elem == TensorProto.BOOL:
+            return src                     # a boolean cast to float and back
+        if to == TensorProto.BOOL and src_elem in INTEGER_TYPES:
+            name = src
+        out = self.op("Cast", [name], to=to)
+        if elem is not None:
+            self._cast_from[out] = (name, elem)
+        return out
+
     def ints(self, values) -> str:
         """An int64 1-D constant (shapes, axes, pads)."""
         return self.const(np.asarray(list(values), dtype=np.int64), "ints", np.int64)
@@ -128,6 +157,11 @@ class Builder:
             self._reshaped[out] = (name, tuple(src_dims))
         return out
 
+    def reshaped_from(self, name: str):
+        """(input, input dims) when `name` is a Reshape written with its input's dims
+        known, else None."""
+        return self._reshaped.get(name)
+
     def transpose(self, name: str, perm) -> str:
         return self.op("Transpose", [name], perm=list(perm))
 
@@ -145,14 +179,21 @@ def in_layout(b: Builder, v: Val, order: tuple) -> Val:
     present = [v.perm[i] for i in order if v.perm[i] is not None]
     rest = [p for p in range(len(v.dims)) if p not in present]
     name, dims = v.name, v.dims
-    moved = [p for p in present + rest if v.dims[p] != 1]
-    if moved != sorted(moved):          # size-1 axes move by the Reshape below, not a Transpose
+    if needs_transpose(v, order):       # size-1 axes move by the Reshape below, not a Transpose
         name = b.transpose(name, present + rest)
         dims = tuple(dims[p] for p in present + rest)
     want = tuple(v.dims[v.perm[i]] if v.perm[i] is not None else 1 for i in order)
     if dims != want:
         name = b.reshape(name, want, dims)
     return Val(name, want, _inverse(order), v.shape)
+
+
+def needs_transpose(v: Val, order: tuple) -> bool:
+    """Bringing `v` into logical order `order` moves data (not only size-1 axes)."""
+    present = [v.perm[i] for i in order if v.perm[i] is not None]
+    rest = [p for p in range(len(v.dims)) if p not in present]
+    moved = [p for p in present + rest if v.dims[p] != 1]
+    return moved != sorted(moved)
 
 
 def aligned(b: Builder, v: Val) -> str:

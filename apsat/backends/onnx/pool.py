@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from apsat.backends.onnx.graph import Builder, Val, in_layout, physical
+from apsat.backends.onnx.graph import Builder, Val, in_layout, needs_transpose, physical
 from apsat.backends.onnx.views import Padded, Windows, as_val, squeeze
 from apsat.backends.onnx.contract import _real
 
@@ -78,33 +78,60 @@ def _positions_in_order(win: Windows, n_iter: int, spatial: list, passing: list)
 def attention(b: Builder, safe: int, q, k, bias, v, shape: tuple) -> Val:
     """ONNX Attention (opset 23) over q (I.., m, n, d) and k, both broadcast where the
     other varies, the additive bias (I.., m, n) and v (I.., m, e, n); scale 1 (the
-    program scaled q already). SAFE: rows that are all -inf give 0, not NaN."""
+    program scaled q already). SAFE: rows that are all -inf give 0, not NaN. With
+    (batch, heads) leading and q, k, v laid out (batch, seq, heads, d) as the projections
+    wrote them, the 3-D form (batch, seq, heads * d) reads them with no Transpose."""
     r = len(shape)          # I.. + (m, e)
-    lead = list(range(r - 2))
-    m, n = r - 2, r - 1
+    lead, m, n = list(range(r - 2)), r - 2, r - 1
     if _real(q, n) or _real(k, m) or _real(v, m):
         return None
-    qd = in_layout(b, as_val(b, squeeze(q, n), full=True), tuple(lead + [m, r - 1]))
-    kd = in_layout(b, as_val(b, squeeze(k, m), full=True), tuple(lead + [m, r - 1]))
-    vd = in_layout(b, as_val(b, squeeze(v, m), full=True), tuple(lead + [r - 1, m]))
+    # squeezed: q (I.., m, d), k (I.., n, d), v (I.., e, n): (sequence axis, width axis)
+    parts = [(as_val(b, squeeze(q, n), full=True), m, n), (as_val(b, squeeze(k, m), full=True), m, n),
+             (as_val(b, squeeze(v, m), full=True), n, m)]
     heads = [shape[i] for i in lead]
+    if len(lead) == 2 and not any(needs_transpose(x, (0, s, 1, w)) for x, s, w in parts):
+        return _attention_3d(b, safe, parts, bias, heads, shape, k.shape[n])
     four = [math.prod(heads[:-1]) if len(heads) > 1 else 1, heads[-1] if heads else 1]
     names = []
-    for x in (qd, kd, vd):
-        name = physical(b, x)
-        names.append(name if len(heads) == 2 else b.reshape(name, four + list(x.dims[-2:]), x.dims))
-    mask = None
-    if bias is not None:
-        full = tuple(shape[i] for i in lead) + (shape[m], k.shape[n])
-        bv = as_val(b, bias)
-        mask = physical(b, in_layout(b, bv, tuple(range(len(bv.shape)))))
-        if tuple(bv.dims[-2:-1]) != (shape[m],) or len(heads) != 2:
-            mask = b.op("Expand", [mask, b.ints(full)])
-            mask = mask if len(heads) == 2 else b.reshape(mask, four + list(full[-2:]))
-    out = b.op("Attention", names + ([mask] if mask else []), scale=1.0)
+    for x, s, w in parts:
+        x = in_layout(b, x, tuple(lead + [s, w]))
+        names.append(b.reshape(physical(b, x), four + list(x.dims[-2:]), x.dims))
+    mask = _mask(b, bias, heads, shape[m], k.shape[n], four)
+    out = _attention_node(b, safe, names, mask)
+    dims = tuple(shape)
+    return Val(b.reshape(out, dims, four + list(dims[-2:])), dims, tuple(range(len(dims))), dims)
+
+
+def _attention_3d(b: Builder, safe: int, parts: list, bias, heads: list, shape: tuple, kv: int) -> Val:
+    """Attention on (batch, seq, heads * width) operands; the result is (batch, heads,
+    m, e) logically, (batch, m, heads, e) physically."""
+    names = []
+    for x, s, w in parts:
+        x = in_layout(b, x, (0, s, 1, w))
+        names.append(b.reshape(physical(b, x), [x.dims[0], x.dims[1], x.dims[2] * x.dims[3]], x.dims))
+    mask = _mask(b, bias, heads, shape[2], kv, heads)
+    out = _attention_node(b, safe, names, mask, q_num_heads=heads[1], kv_num_heads=heads[1])
+    dims = (shape[0], shape[2], shape[1], shape[3])
+    out = b.reshape(out, dims, (shape[0], shape[2], shape[1] * shape[3]))
+    return Val(out, dims, (0, 2, 1, 3), shape)
+
+
+def _attention_node(b: Builder, safe: int, names: list, mask, **heads) -> str:
+    out = b.op("Attention", names + ([mask] if mask else []), scale=1.0, **heads)
     if safe:
         out = b.op("Where", [b.op("IsNaN", [out]), b.const(np.float32(0.0)), out])
-    dims = tuple(shape)
-    if len(heads) != 2:
-        out = b.reshape(out, dims)
-    return Val(out, dims, tuple(range(len(dims))), dims)
+    return out
+
+
+def _mask(b: Builder, bias, heads: list, m: int, n: int, four: list):
+    """The additive mask as Attention's 4-D attn_mask (None without one); onnxruntime
+    wants its query dim whole, so a mask broadcast along it is expanded."""
+    if bias is None:
+        return None
+    full = tuple(heads) + (m, n)
+    bv = as_val(b, bias)
+    mask = physical(b, in_layout(b, bv, tuple(range(len(bv.shape)))))
+    if tuple(bv.dims[-2:-1]) != (m,) or len(heads) != 2:
+        mask = b.op("Expand", [mask, b.ints(full)])
+        mask = b.reshape(mask, list(four) + [m, n], full)
+    return mask

@@ -3,7 +3,8 @@
 Each pass is a peephole that keeps the graph's meaning: the value a graph output takes is
 renamed to the output's name (no Identity), a Reshape of a Reshape reads the first one's
 input, a Transpose of a Transpose is one (or none), a Concat of a Concat on one axis is
-one, and nodes and initializers nothing reads are dropped.
+one, a node equal to an earlier one is that one, and nodes and initializers nothing reads
+are dropped.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from onnx import helper, numpy_helper
 def tidy(graph) -> None:
     """Apply every pass, in place, until none changes anything."""
     for _ in range(8):
-        changed = _chains(graph)
+        changed = _common(graph)
+        changed |= _chains(graph)
         changed |= _rename_outputs(graph)
         changed |= _dead(graph)
         if not changed:
@@ -81,6 +83,26 @@ def _concats(graph) -> bool:
             if changed:
                 break
     return merged_any
+
+
+def _common(graph) -> bool:
+    """A node equal to an earlier one (op, inputs, attributes): its readers read the
+    earlier one's outputs (the walk writes a mask or a layout change once per reader)."""
+    seen, changed = {}, False
+    outputs = {o.name for o in graph.output}
+    for node in list(graph.node):
+        if node.op_type.startswith("Random") or node.op_type in ("Multinomial", "Bernoulli"):
+            continue
+        key = (node.domain, node.op_type, tuple(node.input),
+               tuple(sorted(a.SerializeToString() for a in node.attribute)))
+        first = seen.setdefault(key, node)
+        if first is node or any(o in outputs for o in node.output):
+            continue
+        for old, new in zip(node.output, first.output):
+            _replace_uses(graph, old, new)
+        graph.node.remove(node)
+        changed = True
+    return changed
 
 
 def _identity_transposes(graph) -> bool:

@@ -226,7 +226,8 @@ def _stack_parts(v, axis: int):
     if isinstance(v, Pair) and v.axis == axis:
         return v.operands
     if isinstance(v, (Val, Windows)) and v.shape[axis] == 1 and (
-            (isinstance(v, Val) and v.perm[axis] is None) or (isinstance(v, Windows) and v.axes[axis] == ("u",))):
+            (isinstance(v, Val) and (v.perm[axis] is None or v.dims[v.perm[axis]] == 1))
+            or (isinstance(v, Windows) and v.axes[axis] == ("u",))):
         return (squeeze(v, axis),)
     return None
 
