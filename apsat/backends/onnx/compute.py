@@ -201,19 +201,13 @@ def over_item(b: Builder, op, v, n_iter: int, shape: tuple) -> Val:
         out = b.op("LayerNormalization", [name, b.const(np.ones(item, np.float32))],
                    axis=n_iter, epsilon=float(op.args[0]))
     elif op.op == "rms-norm":
-        out = _rms_norm(b, name, n_iter, len(shape), float(op.args[0]))
+        out = b.op("RMSNormalization", [name, b.const(np.ones(item, np.float32))],
+                   axis=n_iter, epsilon=float(op.args[0]))
     elif op.op == "lrn":
         out = _lrn(b, name, x.dims, n_iter, op.args)
     else:                                # a new "item" operator without an ONNX form here
         raise ExportError(f"compute {op.op} has no ONNX form")
     return Val(out, x.dims, x.perm, shape)
-
-
-def _rms_norm(b: Builder, x: str, n_iter: int, rank: int, eps: float) -> str:
-    """x / sqrt(mean(x * x) + eps), the registry's steps in its order."""
-    axes = b.ints(range(n_iter, rank))
-    ms = b.op("ReduceMean", [b.op("Mul", [x, x]), axes], keepdims=1)
-    return b.op("Div", [x, b.op("Sqrt", [b.op("Add", [ms, b.const(np.float32(eps))])])])
 
 
 def _lrn(b: Builder, x: str, dims: tuple, n_iter: int, params) -> str:

@@ -153,7 +153,7 @@ class _Leaves:
             dtype = helper.tensor_dtype_to_np_dtype(elem)
             return self.b.const(np.broadcast_to(val.aligned_array(), val.shape), "opaque_arg", dtype)
         out = dense(self.b, as_val(self.b, val))
-        return out if elem == TensorProto.FLOAT else self.b.op("Cast", [out], to=elem)
+        return out if elem == TensorProto.FLOAT else self.b.cast(out, elem)
 
 
 def _attrs(node) -> dict:

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
-CONTRIB = "com.microsoft"
+from apsat.backends.onnx.fuse_seq import SEQUENCE_PASSES
+from apsat.backends.onnx.peep import (CONTRIB, absorb, attrs, const, contrib, followed, initializer, name_nodes,
+                                      other, shapes as static_shapes, sole_reader)
+
 # activation node -> (FusedConv's activation, its parameters: (name, default) in order)
 ACTIVATIONS = {"Relu": ("Relu", ()), "Tanh": ("Tanh", ()), "Sigmoid": ("Sigmoid", ()),
                "LeakyRelu": ("LeakyRelu", (("alpha", 0.01),)),
@@ -32,90 +35,35 @@ ACTIVATIONS = {"Relu": ("Relu", ()), "Tanh": ("Tanh", ()), "Sigmoid": ("Sigmoid"
 
 def fuse(model: onnx.ModelProto) -> None:
     """Apply every pass, in place, until none applies."""
-    shapes = _shapes(model)          # a fused node has its last reader's shape: computed once
+    shapes = static_shapes(model)   # a fused node has its last reader's shape: computed once
     g = model.graph
-    passes = (_bias, _residual, _activation, _matmul_bias, _gemm_activation, _exclusive_average)
+    name_nodes(g)
+    passes = (_bias, _residual, _activation, _matmul_bias, _gemm_activation, _exclusive_average) + SEQUENCE_PASSES
     while any(p(g, shapes) for p in passes):
         pass
-
-
-def _attrs(node) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _open_conv(node) -> bool:
     """A conv whose output is still conv + bias (+ z): no activation applied yet."""
     return (node.op_type, node.domain) in (("Conv", ""), ("FusedConv", CONTRIB)) \
-        and _attrs(node).get("activation", b"Identity") in (b"Identity", "Identity")
-
-
-def _sole_reader(g, name: str):
-    """The one node reading `name`, or None (several, or a graph output)."""
-    if name in {o.name for o in g.output}:
-        return None
-    readers = [n for n in g.node if name in n.input]
-    return readers[0] if len(readers) == 1 else None
-
-
-def _followed(g, head, pred):
-    """(node, reader) pairs: a node with head(node) whose sole reader satisfies
-    pred(node, reader)."""
-    for node in list(g.node):
-        if head(node):
-            reader = _sole_reader(g, node.output[0])
-            if reader is not None and pred(node, reader):
-                yield node, reader
-
-
-def _absorb(g, node, reader) -> None:
-    """`node` takes the reader's place and writes its output (a z input may be computed
-    between the two). Nodes are told apart by name (the exporter's are unique)."""
-    nodes = []
-    for n in g.node:
-        if n.name == reader.name:
-            fused = onnx.NodeProto()
-            fused.CopyFrom(node)
-            fused.output[0] = reader.output[0]
-            nodes.append(fused)
-        elif n.name != node.name:
-            nodes.append(onnx.NodeProto.FromString(n.SerializeToString()))
-    del g.node[:]
-    g.node.extend(nodes)
-
-
-def _contrib(node, op_type: str) -> None:
-    node.op_type, node.domain = op_type, CONTRIB
-
-
-def _const(g, name: str):
-    """An initializer's value, or None when `name` is none."""
-    for i in g.initializer:
-        if i.name == name:
-            return numpy_helper.to_array(i)
-    return None
-
-
-def _other(node, name: str) -> str | None:
-    """The one input of a binary node that is not `name`."""
-    rest = [i for i in node.input if i != name]
-    return rest[0] if len(rest) == 1 and len(node.input) == 2 else None
+        and attrs(node).get("activation", b"Identity") in (b"Identity", "Identity")
 
 
 # ---- convs ------------------------------------------------------------------------------
 
 def _bias(g, shapes: dict) -> bool:
     """Conv(x, w[, b]) + c -> Conv(x, w, b + c), c constant per output channel."""
-    for conv, add in _followed(g, _open_conv, lambda c, r: r.op_type == "Add" and len(c.input) <= 3):
-        c = _const(g, _other(add, conv.output[0]) or "")
+    for conv, add in followed(g, _open_conv, lambda c, r: r.op_type == "Add" and len(c.input) <= 3):
+        c = const(g, other(add, conv.output[0]) or "")
         out = shapes.get(conv.output[0])
         per_channel = None if c is None else _along(c, out, 1)
         if per_channel is None or shapes.get(add.output[0]) != out:
             continue
         if len(conv.input) == 3:
-            per_channel = per_channel + _const(g, conv.input[2])
+            per_channel = per_channel + const(g, conv.input[2])
         del conv.input[2:]
-        conv.input.append(_initializer(g, f"{add.output[0]}_bias", per_channel))
-        _absorb(g, conv, add)
+        conv.input.append(initializer(g, f"{add.output[0]}_bias", per_channel))
+        absorb(g, conv, add)
         return True
     return False
 
@@ -131,37 +79,32 @@ def _along(c: np.ndarray, out, axis: int) -> np.ndarray | None:
     return np.broadcast_to(c.reshape(-1), (out[axis],)).copy()
 
 
-def _initializer(g, name: str, value: np.ndarray) -> str:
-    g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value, np.float32), name))
-    return name
-
-
 def _residual(g, shapes: dict) -> bool:
     """Conv(x, w, b) + z -> FusedConv(x, w, b, z), z computed and of the conv's shape."""
-    for conv, add in _followed(g, _open_conv, lambda c, r: r.op_type == "Add" and len(c.input) <= 3):
-        z = _other(add, conv.output[0])
+    for conv, add in followed(g, _open_conv, lambda c, r: r.op_type == "Add" and len(c.input) <= 3):
+        z = other(add, conv.output[0])
         out = shapes.get(conv.output[0])
-        if z is None or _const(g, z) is not None or out is None or shapes.get(z) != out \
+        if z is None or const(g, z) is not None or out is None or shapes.get(z) != out \
                 or shapes.get(add.output[0]) != out:
             continue
-        _contrib(conv, "FusedConv")
+        contrib(conv, "FusedConv")
         conv.input.extend([""] * (3 - len(conv.input)) + [z])
-        _absorb(g, conv, add)
+        absorb(g, conv, add)
         return True
     return False
 
 
 def _activation(g, shapes: dict) -> bool:
     """Conv(..) -> act -> FusedConv(.., activation=act, activation_params)."""
-    for conv, act in _followed(g, _open_conv, lambda c, r: r.op_type in ACTIVATIONS and r.domain == ""):
+    for conv, act in followed(g, _open_conv, lambda c, r: r.op_type in ACTIVATIONS and r.domain == ""):
         params = _activation_params(g, act)
         if params is None:
             continue
-        _contrib(conv, "FusedConv")
+        contrib(conv, "FusedConv")
         conv.attribute.extend([helper.make_attribute("activation", ACTIVATIONS[act.op_type][0])])
         if params:
             conv.attribute.append(helper.make_attribute("activation_params", params))
-        _absorb(g, conv, act)
+        absorb(g, conv, act)
         return True
     return False
 
@@ -170,13 +113,13 @@ def _activation_params(g, act) -> list | None:
     """FusedConv's activation_params for an activation node, None when they are not
     constants (Clip's bounds are inputs)."""
     if act.op_type != "Clip":
-        attrs = _attrs(act)
-        return [float(attrs.get(k, d)) for k, d in ACTIVATIONS[act.op_type][1]]
+        given = attrs(act)
+        return [float(given.get(k, d)) for k, d in ACTIVATIONS[act.op_type][1]]
     bounds = []
     big = float(np.finfo(np.float32).max)          # an absent bound: no bound
     for k, default in ((1, -big), (2, big)):
         name = act.input[k] if len(act.input) > k else ""
-        value = _const(g, name) if name else np.float32(default)
+        value = const(g, name) if name else np.float32(default)
         if value is None or value.size != 1:
             return None
         bounds.append(float(value.reshape(-1)[0]))
@@ -188,16 +131,16 @@ def _activation_params(g, act) -> list | None:
 def _matmul_bias(g, shapes: dict) -> bool:
     """MatMul(x, w) + c -> Gemm(x, w, c): x a matrix, w and c constant, c per column."""
     def matrix_product(n):
-        return n.op_type == "MatMul" and len(shapes.get(n.input[0], ())) == 2 and _const(g, n.input[1]) is not None
-    for mm, add in _followed(g, matrix_product, lambda m, r: r.op_type == "Add"):
-        c = _const(g, _other(add, mm.output[0]) or "")
+        return n.op_type == "MatMul" and len(shapes.get(n.input[0], ())) == 2 and const(g, n.input[1]) is not None
+    for mm, add in followed(g, matrix_product, lambda m, r: r.op_type == "Add"):
+        c = const(g, other(add, mm.output[0]) or "")
         out = shapes.get(mm.output[0])
         column = None if c is None else _along(c, out, 1)
         if column is None or shapes.get(add.output[0]) != out:
             continue
         mm.op_type = "Gemm"
-        mm.input.append(_initializer(g, f"{add.output[0]}_bias", column))
-        _absorb(g, mm, add)
+        mm.input.append(initializer(g, f"{add.output[0]}_bias", column))
+        absorb(g, mm, add)
         return True
     return False
 
@@ -205,14 +148,14 @@ def _matmul_bias(g, shapes: dict) -> bool:
 def _gemm_activation(g, shapes: dict) -> bool:
     """Gemm(..) -> act -> FusedGemm(.., activation=act, activation_alpha)."""
     acts = {"Relu": (), "Tanh": (), "Sigmoid": (), "LeakyRelu": (("alpha", 0.01),)}
-    for gemm, act in _followed(g, lambda n: n.op_type == "Gemm" and n.domain == "",
+    for gemm, act in followed(g, lambda n: n.op_type == "Gemm" and n.domain == "",
                                lambda m, r: r.op_type in acts and r.domain == ""):
-        _contrib(gemm, "FusedGemm")
+        contrib(gemm, "FusedGemm")
         gemm.attribute.extend([helper.make_attribute("activation", act.op_type)])
         for name, default in acts[act.op_type]:
-            value = float(_attrs(act).get(name, default))
+            value = float(attrs(act).get(name, default))
             gemm.attribute.append(helper.make_attribute(f"activation_{name}", value))
-        _absorb(g, gemm, act)
+        absorb(g, gemm, act)
         return True
     return False
 
@@ -223,17 +166,17 @@ def _exclusive_average(g, shapes: dict) -> bool:
     """AveragePool(x, count_include_pad=1) * k / n -> AveragePool(x, count_include_pad=0),
     k the window's size and n the count of unpadded elements under each window (or k)."""
     def average(n):
-        return n.op_type == "AveragePool" and _attrs(n).get("count_include_pad") == 1
-    for pool, mul in _followed(g, average, lambda p, r: r.op_type == "Mul"):
-        div = _sole_reader(g, mul.output[0])
-        attrs = _attrs(pool)
-        k = float(np.prod(attrs["kernel_shape"]))
-        scale = _const(g, _other(mul, pool.output[0]) or "")
+        return n.op_type == "AveragePool" and attrs(n).get("count_include_pad") == 1
+    for pool, mul in followed(g, average, lambda p, r: r.op_type == "Mul"):
+        div = sole_reader(g, mul.output[0])
+        given = attrs(pool)
+        k = float(np.prod(given["kernel_shape"]))
+        scale = const(g, other(mul, pool.output[0]) or "")
         if div is None or div.op_type != "Div" or div.input[0] != mul.output[0] \
                 or scale is None or scale.size != 1 or float(scale.reshape(-1)[0]) != k:
             continue
-        n = _const(g, div.input[1])
-        counts = _window_counts(shapes.get(pool.input[0]), attrs)
+        n = const(g, div.input[1])
+        counts = _window_counts(shapes.get(pool.input[0]), given)
         out = shapes.get(div.output[0])
         if n is None or counts is None or out is None or n.ndim > len(out):
             continue
@@ -246,21 +189,22 @@ def _exclusive_average(g, shapes: dict) -> bool:
         kept = [a for a in pool.attribute if a.name != "count_include_pad"]
         del pool.attribute[:]
         pool.attribute.extend(kept + [helper.make_attribute("count_include_pad", include)])
-        _absorb(g, pool, mul)
+        absorb(g, pool, mul)
         pool_node = next(x for x in g.node if x.output[0] == mul.output[0])
-        _absorb(g, pool_node, div)
+        absorb(g, pool_node, div)
         return True
     return False
 
 
-def _window_counts(dims, attrs: dict) -> np.ndarray | None:
-    """How many unpadded elements each window of a pool over `dims` (N, C, spatial..)
-    covers, as an array over the output's spatial dims (N and C size 1)."""
-    if dims is None or attrs.get("ceil_mode", 0) or any(d != 1 for d in attrs.get("dilations", [1])):
+def _window_counts(dims, pool: dict) -> np.ndarray | None:
+    """How many unpadded elements each window of a pool (its attributes `pool`) over
+    `dims` (N, C, spatial..) covers, as an array over the output's spatial dims (N and C
+    size 1)."""
+    if dims is None or pool.get("ceil_mode", 0) or any(d != 1 for d in pool.get("dilations", [1])):
         return None
-    kernel, spatial = attrs["kernel_shape"], dims[2:]
-    strides = attrs.get("strides", [1] * len(kernel))
-    pads = attrs.get("pads", [0] * 2 * len(kernel))
+    kernel, spatial = pool["kernel_shape"], dims[2:]
+    strides = pool.get("strides", [1] * len(kernel))
+    pads = pool.get("pads", [0] * 2 * len(kernel))
     per_axis = []
     for a, (size, k, s) in enumerate(zip(spatial, kernel, strides)):
         lo, hi = pads[a], pads[a + len(kernel)]
@@ -270,34 +214,3 @@ def _window_counts(dims, attrs: dict) -> np.ndarray | None:
     for c in per_axis[1:]:
         counts = np.multiply.outer(counts, c)
     return counts.reshape((1, 1) + counts.shape).astype(np.float32)
-
-
-def _shapes(model: onnx.ModelProto) -> dict:
-    """Every value's static dims, by onnx's shape inference on a copy in which each
-    FusedConv / FusedGemm is the plain Conv / Gemm it has the shape of, and each one-input
-    contrib op (an element-wise one) an Identity."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    for i in [i for i in copy.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]:
-        copy.graph.input.append(helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)))
-        copy.graph.initializer.remove(i)          # weights: their dims are enough
-    for n in copy.graph.node:
-        if n.op_type in ("FusedConv", "FusedGemm") and n.domain == CONTRIB:
-            kept = [a for a in n.attribute if not a.name.startswith("activation")]
-            del n.attribute[:]
-            n.attribute.extend(kept)
-            del n.input[3:]
-            n.op_type, n.domain = n.op_type[len("Fused"):], ""
-        elif n.domain == CONTRIB and len(n.input) == 1:     # QuickGelu: element-wise
-            del n.attribute[:]
-            n.op_type, n.domain = "Identity", ""
-    inferred = onnx.shape_inference.infer_shapes(copy)
-    out = {}
-    g = inferred.graph
-    for v in list(g.value_info) + list(g.input) + list(g.output):
-        dims = v.type.tensor_type.shape.dim
-        if all(d.HasField("dim_value") for d in dims):
-            out[v.name] = tuple(d.dim_value for d in dims)
-    for i in g.initializer:
-        out[i.name] = tuple(i.dims)
-    return out

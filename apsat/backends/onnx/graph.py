@@ -122,15 +122,16 @@ class Builder:
 
     def cast(self, name: str, to: int, elem: int | None = None) -> str:
         """`name` (of element type `elem`, where known) cast to element type `to`. A
-        constant is cast here, not by a node; an integer cast to float and then to bool
-        is cast to bool once (nonzero either way)."""
+        constant is cast here, not by a node; a value cast to float and back is the
+        value; an integer cast to float and then to bool is cast to bool once (nonzero
+        either way)."""
         a = self.value_of(name)
         if a is not None:
             dtype = helper.tensor_dtype_to_np_dtype(to)
             return self.const(a.astype(dtype), "const", dtype)
         src, src_elem = self._cast_from.get(name, (None, None))
-        if to == TensorProto.BOOL and src_elem == TensorProto.BOOL:
-            return src                     # a boolean cast to float and back
+        if src_elem == to:
+            return src                     # a boolean (or integer) cast to float and back
         if to == TensorProto.BOOL and src_elem in INTEGER_TYPES:
             name = src
         out = self.op("Cast", [name], to=to)

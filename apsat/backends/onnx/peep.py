@@ -1,0 +1,123 @@
+"""Reading and editing a written graph: a value's readers, constants and static dims.
+
+The passes of fuse.py and fuse_seq.py read the graph through these. Nodes are told apart
+by name (the exporter's names are unique).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+CONTRIB = "com.microsoft"
+
+
+def name_nodes(g) -> None:
+    """Give every node a name no other node has (the passes tell nodes apart by name)."""
+    seen = set()
+    for n in g.node:
+        if not n.name or n.name in seen:
+            n.name = f"{n.output[0]}_{n.op_type.lower()}"
+        seen.add(n.name)
+
+
+def attrs(node) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def sole_reader(g, name: str):
+    """The one node reading `name`, or None (several, or a graph output)."""
+    if name in {o.name for o in g.output}:
+        return None
+    readers = [n for n in g.node if name in n.input]
+    return readers[0] if len(readers) == 1 else None
+
+
+def followed(g, head, pred):
+    """(node, reader) pairs: a node with head(node) whose sole reader satisfies
+    pred(node, reader)."""
+    for node in list(g.node):
+        if head(node):
+            reader = sole_reader(g, node.output[0])
+            if reader is not None and pred(node, reader):
+                yield node, reader
+
+
+def absorb(g, node, reader) -> None:
+    """`node` takes the reader's place and writes its output (a z input may be computed
+    between the two). Nodes are told apart by name (the exporter's are unique)."""
+    nodes = []
+    for n in g.node:
+        if n.name == reader.name:
+            fused = onnx.NodeProto()
+            fused.CopyFrom(node)
+            fused.output[0] = reader.output[0]
+            nodes.append(fused)
+        elif n.name != node.name:
+            nodes.append(onnx.NodeProto.FromString(n.SerializeToString()))
+    del g.node[:]
+    g.node.extend(nodes)
+
+
+def contrib(node, op_type: str) -> None:
+    node.op_type, node.domain = op_type, CONTRIB
+
+
+def const(g, name: str):
+    """An initializer's value, or None when `name` is none."""
+    for i in g.initializer:
+        if i.name == name:
+            return numpy_helper.to_array(i)
+    return None
+
+
+def other(node, name: str) -> str | None:
+    """The one input of a binary node that is not `name`."""
+    rest = [i for i in node.input if i != name]
+    return rest[0] if len(rest) == 1 and len(node.input) == 2 else None
+
+
+def initializer(g, name: str, value: np.ndarray) -> str:
+    g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value, np.float32), name))
+    return name
+
+
+def scalar(g, name: str) -> float | None:
+    value = const(g, name)
+    return None if value is None or value.size != 1 or value.dtype != np.float32 else float(value.reshape(-1)[0])
+
+
+def ints(g, name: str, values: list) -> str:
+    g.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
+    return name
+
+
+def shapes(model: onnx.ModelProto) -> dict:
+    """Every value's static dims, by onnx's shape inference on a copy in which each
+    FusedConv / FusedGemm is the plain Conv / Gemm it has the shape of, and each one-input
+    contrib op (an element-wise one) an Identity."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for i in [i for i in copy.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]:
+        copy.graph.input.append(helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)))
+        copy.graph.initializer.remove(i)          # weights: their dims are enough
+    for n in copy.graph.node:
+        if n.op_type in ("FusedConv", "FusedGemm") and n.domain == CONTRIB:
+            kept = [a for a in n.attribute if not a.name.startswith("activation")]
+            del n.attribute[:]
+            n.attribute.extend(kept)
+            del n.input[3:]
+            n.op_type, n.domain = n.op_type[len("Fused"):], ""
+        elif n.domain == CONTRIB and len(n.input) == 1:     # QuickGelu: element-wise
+            del n.attribute[:]
+            n.op_type, n.domain = "Identity", ""
+    inferred = onnx.shape_inference.infer_shapes(copy)
+    out = {}
+    g = inferred.graph
+    for v in list(g.value_info) + list(g.input) + list(g.output):
+        dims = v.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            out[v.name] = tuple(d.dim_value for d in dims)
+    for i in g.initializer:
+        out[i.name] = tuple(i.dims)
+    return out
