@@ -5,7 +5,8 @@ its literal parameters become attributes or inputs); an entry without one is wri
 its formula, one ONNX node per step, in the formula's own order. Whether an ONNX op takes
 or gives booleans comes from ONNX's schema, so comparisons and logic ops get their Casts
 from the op's declaration, not from a table here. Reductions and normalisations over the
-item become ONNX's reduce ops, Softmax, LayerNormalization and LRN on the axes the value
+item become ONNX's reduce ops (a global pool where they cover every axis after N and C),
+Softmax, LayerNormalization, RMSNormalization and LRN on the axes the value
 already has, so no transpose is written for them.
 """
 from __future__ import annotations

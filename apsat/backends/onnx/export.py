@@ -1,7 +1,8 @@
 """An extracted program as an ONNX model with the original's interface.
 
 `export_onnx(program, model)` writes the program the extractor chose: weights-only work
-folded (fold.py), every other term walked into nodes (walk.py), then tidied (tidy.py).
+folded (fold.py), every other term walked into nodes (walk.py), tidied (tidy.py), then
+what the extractor left unfused fused (fuse.py) and tidied again.
 The graph keeps the original's input and output names and element types: integer inputs
 (token ids, masks) stay integers, cast to float where the program computes with them and
 fed raw to the embedding lookups that read them; opaque calls are the original nodes.
