@@ -171,3 +171,19 @@ def test_dag_text_errors(text, message):
 
     with pytest.raises(ParseError, match=message):
         parse_dag_text(text)
+
+
+def test_evaluate_without_copy_leaves_a_broadcast_a_view():
+    # copy=False (the ONNX export's weight folding) keeps a broadcast a stride-0 view of
+    # the input; the default returns a fresh array that never aliases it
+    import numpy as np
+
+    from apsat.lang.evaluate import evaluate
+    program = apsat.parse("(access-broadcast (access (access-tensor w) 0) (access-shape (shape) (shape 3 4)))",
+                          {"w": (1, 4)})
+    w = np.arange(4, dtype=np.float32).reshape(1, 4)
+    view = evaluate(program, {"w": w}, copy=False)
+    fresh = evaluate(program, {"w": w})
+    assert view.shape == fresh.shape == (3, 4) and view.strides[0] == 0
+    np.testing.assert_array_equal(view, fresh)
+    assert not np.shares_memory(fresh, w)

@@ -356,11 +356,13 @@ def _consumers(program: Program, order: list[Term]) -> tuple[Counter, set[Term]]
     return uses, {t for t in order if uses[t] and id(t) not in non_opaque}
 
 
-def evaluate(program: Program, tensors: dict):
+def evaluate(program: Program, tensors: dict, copy: bool = True):
     """Evaluate `program` on `tensors` (name -> array for every tensor it reads).
 
     Returns one float32 array (iterated ++ item dims) when the program has one output,
-    else a dict output name -> array. Results never alias the caller's tensors.
+    else a dict output name -> array. Results never alias the caller's tensors; with
+    `copy=False` they may be read-only views of them (a broadcast stays a stride-0 view,
+    for a caller that only reads them).
     Intermediate values are freed after their last consumer, so peak memory is the live
     frontier of the DAG, not the sum of all values."""
     order = program.terms()
@@ -380,13 +382,14 @@ def evaluate(program: Program, tensors: dict):
                 uses[child] -= 1
                 if uses[child] == 0:
                     del values[child]
-    results = {name: _result(values[t], program.shape_of(t)) for name, t in program.outputs.items()}
+    results = {name: _result(values[t], program.shape_of(t), copy) for name, t in program.outputs.items()}
     return next(iter(results.values())) if len(results) == 1 else results
 
 
-def _result(value, shape) -> np.ndarray:
-    """A fresh float32 array of the access shape's dims (never a view of an input)."""
-    arr = np.array(dense(value), dtype=np.float32, copy=True)
+def _result(value, shape, copy: bool = True) -> np.ndarray:
+    """A float32 array of the access shape's dims: fresh (never a view of an input)
+    unless `copy` is False."""
+    arr = np.array(dense(value), dtype=np.float32, copy=True) if copy else np.asarray(dense(value), np.float32)
     dims = tuple(shape[0]) + tuple(shape[1])
     if arr.shape != dims:       # an interpreter bug, not a user error: say so loudly
         raise AssertionError(f"reference: value shape {arr.shape} != access shape {dims}")

@@ -43,7 +43,7 @@ def fold_weights(program: Program, weights: dict) -> dict[Term, object]:
     shapes = {t: program.shape_of(t) for t in program.terms()}
     sub = Program(outs, program.tensor_shapes, program.opaque_nodes, program.weights, known_shapes=shapes)
     needed = {n: weights[n] for n in sub.tensor_names()}
-    values = evaluate(sub, needed)
+    values = evaluate(sub, needed, copy=False)     # read only: broadcasts stay views
     if len(outs) == 1:
         values = {"w0": values}
     out = {}

@@ -245,10 +245,16 @@ def compact(a: np.ndarray) -> np.ndarray:
     """A constant with every axis along which it does not vary cut to size 1 (ONNX
     broadcasting restores it): a broadcast bias is written once, not per position."""
     for axis in range(a.ndim):
-        if a.shape[axis] > 1:
-            first = a.take([0], axis=axis)
-            if np.array_equal(a, np.broadcast_to(first, a.shape), equal_nan=True):
-                a = first
+        if a.shape[axis] <= 1:
+            continue
+        cut = (slice(None),) * axis
+        first = a[cut + (slice(0, 1),)]
+        if a.strides[axis] != 0:         # stride 0: a broadcast view, constant by construction
+            if not np.array_equal(first, a[cut + (slice(1, 2),)], equal_nan=True):
+                continue                 # varies between its first two slices already
+            if not np.array_equal(a, np.broadcast_to(first, a.shape), equal_nan=True):
+                continue
+        a = first
     return np.ascontiguousarray(a)
 
 
