@@ -21,12 +21,6 @@ import numpy as np
 from apsat.backends.onnx.graph import Builder, Val, in_layout, physical
 from apsat.backends.onnx.views import Padded, Windows, as_val, squeeze
 
-# activations onnxruntime's FusedConv and FusedGemm apply, with their parameters' names
-FUSED_ACTIVATIONS = {"relu": ("Relu", ()), "tanh": ("Tanh", ()), "sigmoid": ("Sigmoid", ()),
-                     "leaky-relu": ("LeakyRelu", ("alpha",)), "clip": ("Clip", ("min", "max")),
-                     "hard-sigmoid": ("HardSigmoid", ("alpha", "beta"))}
-
-
 def roles(a, b, n_iter: int) -> list[str]:
     """Each iterated axis: "batch" (both real), "m" (a only), "n" (b only), "unit"."""
     out = []
@@ -122,9 +116,10 @@ def _unflatten(b: Builder, name: str, dims: tuple, groups: list, shape: tuple) -
 
 # ---- convolution ----------------------------------------------------------------------------
 
-def conv(b: Builder, win: Windows, w: Val, n_iter: int, shape: tuple, bias=None, act=None):
-    """Conv (or FusedConv with `act`) for windows `win` against constant weights `w`;
-    None when the windows are not a convolution ONNX writes (the caller gathers them)."""
+def conv(b: Builder, win: Windows, w: Val, n_iter: int, shape: tuple, bias=None):
+    """Conv for windows `win` against constant weights `w` (its activation, written after
+    it, becomes FusedConv's in fuse.py); None when the windows are not a convolution ONNX
+    writes (the caller gathers them)."""
     plan = _conv_plan(win, w, n_iter)
     if plan is None:
         return None
@@ -145,15 +140,9 @@ def conv(b: Builder, win: Windows, w: Val, n_iter: int, shape: tuple, bias=None,
     inputs = [x_name, b.const(weight, "conv_weight")]
     if bias is not None:
         inputs.append(b.const(np.reshape(_bias_array(bias, m_axes), [-1]), "conv_bias"))
-    if act is not None and act.op in FUSED_ACTIVATIONS:
-        kind, names = FUSED_ACTIVATIONS[act.op]
-        out = b.op("FusedConv", inputs, domain="com.microsoft", activation=kind,
-                   activation_params=[float(p) for p in act.args] or None, **attrs)
-        act = None
-    else:
-        out = b.op("Conv", inputs, **attrs)
+    out = b.op("Conv", inputs, **attrs)
     y_dims = (n, weight.shape[0]) + tuple(shape[i] for i in out_axes)
-    return _unflatten(b, out, y_dims, [lead, m_axes, out_axes], shape), act
+    return _unflatten(b, out, y_dims, [lead, m_axes, out_axes], shape)
 
 
 def _conv_axes(win: Windows, w: Val, n_iter: int, batch: list, spatial: list):

@@ -23,14 +23,14 @@ import onnx
 from onnx import helper
 
 from apsat.backends.onnx.fuse_seq import SEQUENCE_PASSES
-from apsat.backends.onnx.peep import (CONTRIB, absorb, attrs, const, contrib, followed, initializer, name_nodes,
-                                      other, shapes as static_shapes, sole_reader)
+from apsat.backends.onnx.peep import (CONTRIB, absorb, attrs, const, contrib, followed, initializer, is_const,
+                                      name_nodes, other, shapes as static_shapes, sole_reader)
 
-# activation node -> (FusedConv's activation, its parameters: (name, default) in order)
-ACTIVATIONS = {"Relu": ("Relu", ()), "Tanh": ("Tanh", ()), "Sigmoid": ("Sigmoid", ()),
-               "LeakyRelu": ("LeakyRelu", (("alpha", 0.01),)),
-               "HardSigmoid": ("HardSigmoid", (("alpha", 0.2), ("beta", 0.5))),
-               "Clip": ("Clip", ())}
+# activations FusedConv applies (its `activation` is the node's op type), with their
+# attributes (name, ONNX default) in activation_params order; Clip's bounds are inputs
+ACTIVATIONS = {"Relu": (), "Tanh": (), "Sigmoid": (), "LeakyRelu": (("alpha", 0.01),),
+               "HardSigmoid": (("alpha", 0.2), ("beta", 0.5)), "Clip": ()}
+GEMM_ACTIVATIONS = ("Relu", "Tanh", "Sigmoid", "LeakyRelu")     # FusedGemm's: activation_alpha
 
 
 def fuse(model: onnx.ModelProto) -> None:
@@ -84,7 +84,7 @@ def _residual(g, shapes: dict) -> bool:
     for conv, add in followed(g, _open_conv, lambda c, r: r.op_type == "Add" and len(c.input) <= 3):
         z = other(add, conv.output[0])
         out = shapes.get(conv.output[0])
-        if z is None or const(g, z) is not None or out is None or shapes.get(z) != out \
+        if z is None or is_const(g, z) or out is None or shapes.get(z) != out \
                 or shapes.get(add.output[0]) != out:
             continue
         contrib(conv, "FusedConv")
@@ -101,7 +101,7 @@ def _activation(g, shapes: dict) -> bool:
         if params is None:
             continue
         contrib(conv, "FusedConv")
-        conv.attribute.extend([helper.make_attribute("activation", ACTIVATIONS[act.op_type][0])])
+        conv.attribute.extend([helper.make_attribute("activation", act.op_type)])
         if params:
             conv.attribute.append(helper.make_attribute("activation_params", params))
         absorb(g, conv, act)
@@ -114,7 +114,7 @@ def _activation_params(g, act) -> list | None:
     constants (Clip's bounds are inputs)."""
     if act.op_type != "Clip":
         given = attrs(act)
-        return [float(given.get(k, d)) for k, d in ACTIVATIONS[act.op_type][1]]
+        return [float(given.get(k, d)) for k, d in ACTIVATIONS[act.op_type]]
     bounds = []
     big = float(np.finfo(np.float32).max)          # an absent bound: no bound
     for k, default in ((1, -big), (2, big)):
@@ -131,7 +131,7 @@ def _activation_params(g, act) -> list | None:
 def _matmul_bias(g, shapes: dict) -> bool:
     """MatMul(x, w) + c -> Gemm(x, w, c): x a matrix, w and c constant, c per column."""
     def matrix_product(n):
-        return n.op_type == "MatMul" and len(shapes.get(n.input[0], ())) == 2 and const(g, n.input[1]) is not None
+        return n.op_type == "MatMul" and len(shapes.get(n.input[0], ())) == 2 and is_const(g, n.input[1])
     for mm, add in followed(g, matrix_product, lambda m, r: r.op_type == "Add"):
         c = const(g, other(add, mm.output[0]) or "")
         out = shapes.get(mm.output[0])
@@ -147,12 +147,11 @@ def _matmul_bias(g, shapes: dict) -> bool:
 
 def _gemm_activation(g, shapes: dict) -> bool:
     """Gemm(..) -> act -> FusedGemm(.., activation=act, activation_alpha)."""
-    acts = {"Relu": (), "Tanh": (), "Sigmoid": (), "LeakyRelu": (("alpha", 0.01),)}
     for gemm, act in followed(g, lambda n: n.op_type == "Gemm" and n.domain == "",
-                               lambda m, r: r.op_type in acts and r.domain == ""):
+                               lambda m, r: r.op_type in GEMM_ACTIVATIONS and r.domain == ""):
         contrib(gemm, "FusedGemm")
         gemm.attribute.extend([helper.make_attribute("activation", act.op_type)])
-        for name, default in acts[act.op_type]:
+        for name, default in ACTIVATIONS[act.op_type]:
             value = float(attrs(act).get(name, default))
             gemm.attribute.append(helper.make_attribute(f"activation_{name}", value))
         absorb(g, gemm, act)
@@ -189,9 +188,8 @@ def _exclusive_average(g, shapes: dict) -> bool:
         kept = [a for a in pool.attribute if a.name != "count_include_pad"]
         del pool.attribute[:]
         pool.attribute.extend(kept + [helper.make_attribute("count_include_pad", include)])
-        absorb(g, pool, mul)
-        pool_node = next(x for x in g.node if x.output[0] == mul.output[0])
-        absorb(g, pool_node, div)
+        absorb(g, pool, mul)           # the pool now sits in mul's place, as `mul`
+        absorb(g, mul, div)
         return True
     return False
 

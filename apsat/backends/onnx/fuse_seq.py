@@ -7,10 +7,10 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import helper
 
-from apsat.backends.onnx.peep import absorb, attrs, const, followed, initializer, ints, other, scalar, sole_reader
+from apsat.backends.onnx.peep import (absorb, attrs, const, followed, initializer, ints, is_const, other, scalar,
+                                      sole_reader)
 
 
 def _attention_scale(g, shapes: dict) -> bool:
@@ -40,7 +40,7 @@ def _norm_affine(g, shapes: dict) -> bool:
     d constants over the normalised axes only."""
     def norm(n):
         return n.op_type in ("LayerNormalization", "RMSNormalization") and n.domain == "" \
-            and len(n.output) == 1 and const(g, n.input[1]) is not None
+            and len(n.output) == 1 and is_const(g, n.input[1])
     for node, reader in followed(g, norm, lambda n, r: r.op_type in ("Mul", "Add")):
         out = shapes.get(node.output[0])
         c = const(g, other(reader, node.output[0]) or "")
@@ -102,19 +102,14 @@ def _split(g, shapes: dict) -> bool:
                 or any(a[1] != b[0] for a, b in zip(parts, parts[1:])):
             continue
         names = [p[2] for p in parts]
-        made = {n.name: n.output[0] for n in g.node if n.name in names}
+        slices = {n.name: n for n in g.node if n.name in names}
         split = helper.make_node("Split", [src, ints(g, f"{names[0]}_sizes", [hi - lo for lo, hi, _ in parts])],
-                                 [made[n] for n in names], name=f"{names[0]}_split", axis=axis)
-        nodes, placed = [], False
-        for n in g.node:
-            if n.name in names:
-                if not placed:
-                    nodes.append(split)
-                    placed = True
-            else:
-                nodes.append(onnx.NodeProto.FromString(n.SerializeToString()))
-        del g.node[:]
-        g.node.extend(nodes)
+                                 [slices[n].output[0] for n in names], name=f"{names[0]}_split", axis=axis)
+        first = next(n for n in g.node if n.name in names)      # the Split takes its place
+        for n in names:
+            if n != first.name:
+                g.node.remove(slices[n])
+        first.CopyFrom(split)
         return True
     return False
 

@@ -35,28 +35,28 @@ def sole_reader(g, name: str):
 
 def followed(g, head, pred):
     """(node, reader) pairs: a node with head(node) whose sole reader satisfies
-    pred(node, reader)."""
+    pred(node, reader). The readers are indexed once: a caller that changes the graph
+    stops drawing from it."""
+    readers: dict = {}
+    for n in g.node:
+        for i in set(n.input):
+            readers.setdefault(i, []).append(n)
+    outputs = {o.name for o in g.output}
     for node in list(g.node):
         if head(node):
-            reader = sole_reader(g, node.output[0])
-            if reader is not None and pred(node, reader):
-                yield node, reader
+            found = readers.get(node.output[0], [])
+            if len(found) == 1 and node.output[0] not in outputs and pred(node, found[0]):
+                yield node, found[0]
 
 
 def absorb(g, node, reader) -> None:
     """`node` takes the reader's place and writes its output (a z input may be computed
-    between the two). Nodes are told apart by name (the exporter's are unique)."""
-    nodes = []
-    for n in g.node:
-        if n.name == reader.name:
-            fused = onnx.NodeProto()
-            fused.CopyFrom(node)
-            fused.output[0] = reader.output[0]
-            nodes.append(fused)
-        elif n.name != node.name:
-            nodes.append(onnx.NodeProto.FromString(n.SerializeToString()))
-    del g.node[:]
-    g.node.extend(nodes)
+    between the two); its own place goes."""
+    fused = onnx.NodeProto()
+    fused.CopyFrom(node)
+    fused.output[0] = reader.output[0]
+    reader.CopyFrom(fused)
+    g.node.remove(node)
 
 
 def contrib(node, op_type: str) -> None:
@@ -69,6 +69,11 @@ def const(g, name: str):
         if i.name == name:
             return numpy_helper.to_array(i)
     return None
+
+
+def is_const(g, name: str) -> bool:
+    """`name` is an initializer (no array is made: a weight may be large)."""
+    return any(i.name == name for i in g.initializer)
 
 
 def other(node, name: str) -> str | None:

@@ -133,9 +133,9 @@ class Walk:
         a, w = pair.operands
         for win, other in ((a, w), (w, a)):
             if isinstance(win, vw.Windows) and isinstance(other, Val) and other.is_const:
-                done = conv(self.b, win, other, n, shape, bias, act)
+                done = conv(self.b, win, other, n, shape, bias)
                 if done is not None:
-                    return self.activate(done[0], done[1], shape)
+                    return self.activate(done, act, shape)
         a, w = (vw.as_val(self.b, v) for v in (a, w))
         if a.is_const and not w.is_const:
             a, w = w, a
