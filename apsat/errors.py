@@ -44,3 +44,8 @@ class ExtractionError(ApsatError, ValueError):
 class UnsoundRuleError(ApsatError):
     """A user rule that made a program differ from the original on the model at hand;
     the message names the rule (`file:line`), the e-class and the error."""
+
+
+class CalibrationError(ApsatError):
+    """A GPU calibration file (apsat/targets/gpu_calibration.py) or a set of kernel
+    measurements that cannot be used; the message names the file and the problem."""

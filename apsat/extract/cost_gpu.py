@@ -13,6 +13,8 @@ Weight-only work (constants.py: BatchNorm folded into weights, weight layout cha
 costs nothing per inference: the runner does it once, when the model is loaded.
 
 The machine's figures and one kernel's roofline are the gpu target's (apsat/targets/gpu.py).
+Each kernel is priced with its kind (`kernel_kind`), which a fitted calibration
+(apsat/targets/gpu_calibration.py) reads: its own fractions of peak bandwidth and FLOP/s.
 """
 from __future__ import annotations
 
@@ -22,8 +24,27 @@ from dataclasses import dataclass
 from apsat.extract.constants import weight_only_nodes
 from apsat.extract.graph import ExtractionGraph
 from apsat.extract.workload import compute_op, flops, footprints, needs_shapes, traffic
-from apsat.lang.ops import ATOM_OPS, CONTRACTIONS, COPY_OPS, HOST_OPS, KERNEL_OPS, VIEW_OPS
+from apsat.lang.ops import ATOM_OPS, CONTRACTIONS, COPY_OPS, HOST_OPS, KERNEL_OPS, LOCAL_OPS, VIEW_OPS
 from apsat.targets.gpu import Roofline
+
+
+def kernel_kind(graph: ExtractionGraph, nid: str) -> str:
+    """The GPU kernel kind (gpu_calibration.KINDS) of a kernel or copy node, as the GPU
+    backend classifies its kernels: the attention atom "attention"; the other atoms and
+    dot-products "gemm"; copies and operators computed element by element
+    (ops.LOCAL_OPS, chains included) "elementwise"; the rest (reductions, softmax, the
+    norms: operators over a whole item) "reduce"."""
+    op = graph.nodes[nid]["op"]
+    if op == "attention":
+        return "attention"
+    if op in ATOM_OPS:
+        return "gemm"
+    if op in COPY_OPS:
+        return "elementwise"
+    name = compute_op(graph, nid)
+    if name in CONTRACTIONS:
+        return "gemm"
+    return "elementwise" if name in LOCAL_OPS else "reduce"
 
 
 @dataclass
@@ -50,11 +71,11 @@ class GpuRoofline(Roofline):
             if node["eclass"] not in shapes:
                 return math.inf
             reads, writes = traffic(graph, nid, shapes, fp)
-            if op in COPY_OPS:
-                return self.kernel_us(0.0, reads + writes, False)
             if op in HOST_OPS:
                 return self.host_us(reads + writes)
-            matrix = op in ATOM_OPS or (op == "compute" and compute_op(graph, nid) in CONTRACTIONS)
-            return self.kernel_us(flops(graph, nid, shapes), reads + writes, matrix)
+            kind = kernel_kind(graph, nid)
+            if op in COPY_OPS:
+                return self.kernel_us(0.0, reads + writes, False, kind)
+            return self.kernel_us(flops(graph, nid, shapes), reads + writes, kind in ("gemm", "attention"), kind)
         return cost
 

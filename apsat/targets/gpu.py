@@ -5,10 +5,17 @@ Figures (H100 SXM5, public data sheet): fp32 67 TFLOP/s without tensor cores, tf
 work stays at the fp32 rate), 3.35 TB/s HBM3, PCIe Gen5 x16 ~64 GB/s, ~3 us per launch.
 The gpu cost model (apsat/extract/cost_gpu.py) prices e-nodes with these; the GPU backend
 (apsat/backends/gpu) prices the kernels it writes with the same figures.
+
+A calibration (apsat/targets/gpu_calibration.py: launch time and per-kind fractions of
+these peaks, fitted to measured kernels) replaces the data-sheet formula for every kernel
+priced with its kind; without one the figures are the data sheet's alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from apsat.targets import gpu_calibration
+from apsat.targets.gpu_calibration import Calibration
 
 TFLOPS = {"fp32": 67.0, "tf32": 494.0, "bf16": 989.0}
 BYTES = {"fp32": 4, "tf32": 4, "bf16": 2}
@@ -20,21 +27,36 @@ LAUNCH_US = 3.0
 @dataclass
 class Roofline:
     """Roofline time (microseconds) of a kernel on an H100 at `precision` ("fp32",
-    "tf32" or "bf16"; verification stays fp32 whatever the model assumes)."""
+    "tf32" or "bf16"; verification stays fp32 whatever the model assumes).
+
+    `calibration`: fitted constants (gpu_calibration.Calibration) or None for the data
+    sheet's; by default the one in force when the roofline is made
+    (gpu_calibration.active())."""
 
     precision: str = "fp32"
+    calibration: Calibration | None = field(default_factory=gpu_calibration.active)
 
     def __post_init__(self):
         if self.precision not in TFLOPS:
             raise ValueError(f"gpu cost model: unknown precision {self.precision!r}; known: {', '.join(TFLOPS)}")
 
-    def kernel_us(self, flop: float, elements_moved: float, matrix: bool) -> float:
+    def kernel_us(self, flop: float, elements_moved: float, matrix: bool, kind: str | None = None) -> float:
         """One kernel's time: launch plus the larger of compute and memory time; `matrix`
-        kernels run at the precision's tensor-core peak, the others at the fp32 rate."""
+        kernels run at the precision's tensor-core peak, the others at the fp32 rate.
+        With a calibration and the kernel's `kind` (gpu_calibration.KINDS), the fitted
+        launch and that kind's fractions of the two peaks apply."""
         peak = TFLOPS[self.precision] if matrix else TFLOPS["fp32"]
+        if self.calibration is not None and kind is not None:
+            return self.calibration.kernel_us(kind, flop, elements_moved * BYTES[self.precision],
+                                              peak * 1e6, HBM_BYTES_PER_US)
         return LAUNCH_US + max(flop / (peak * 1e6), elements_moved * BYTES[self.precision] / HBM_BYTES_PER_US)
+
+    @property
+    def launch_us(self) -> float:
+        """One launch: the calibration's when there is one, else the data sheet's."""
+        return self.calibration.launch_us if self.calibration is not None else LAUNCH_US
 
     def host_us(self, elements_moved: float) -> float:
         """A host step's time: its operands down and its result back over PCIe (fp32),
         plus a launch each way."""
-        return 2 * LAUNCH_US + elements_moved * BYTES["fp32"] / PCIE_BYTES_PER_US
+        return 2 * self.launch_us + elements_moved * BYTES["fp32"] / PCIE_BYTES_PER_US

@@ -15,7 +15,9 @@ in each dialect), aot (Triton's ahead-of-time compile, from a private directory)
 (the generated runner module, and run_kernels, which writes it into the per-user cache
 and runs it), files (that cache: per-user, 0700, bounded), host (host steps, stored as
 program text, never pickled), write (write_kernels and its figures), backend (the gpu
-target's Backend).
+target's Backend), tuning (each kernel shape's tile space, and the per-GPU cache of tuned
+tiles), profile (every kernel timed on the model's own buffers; the tile search),
+cuda_launch (the CUDA C cubins launched through the CUDA driver API).
 
 Nothing here imports torch or triton at module level: the core installs and runs without
 them, and only running or compiling kernels needs them.

@@ -34,6 +34,14 @@ def _compilable(mod):
     return mod
 
 
+def _options(mod) -> dict:
+    """The compile options the kernel module's launch passes (warps, stages where tuned)."""
+    options = {"num_warps": mod.NUM_WARPS, "enable_fp_fusion": False}
+    if hasattr(mod, "NUM_STAGES"):
+        options["num_stages"] = mod.NUM_STAGES
+    return options
+
+
 def aot_compile(path, capability: int = 90) -> dict:
     """aot_compile_source of the kernel file at `path` (a file you trust: it is run)."""
     path = Path(path)
@@ -56,7 +64,7 @@ def aot_compile_source(text: str, name: str, capability: int = 90) -> dict:
             src = ASTSource(mod.KERNEL, signature=mod.SIGNATURE,
                             constexprs={k: v for k, v in mod.CONSTEXPRS.items()})
             compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                                      options={"num_warps": mod.NUM_WARPS, "enable_fp_fusion": False})
+                                      options=_options(mod))
     except Exception as e:  # noqa: BLE001 -- a compiler error is a figure for the report, not a crash
         return {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"}
     cubin = compiled.asm.get("cubin")

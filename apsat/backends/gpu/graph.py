@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from apsat.backends.gpu.expr import Ix
 from apsat.lang.program import Program
-from apsat.targets.gpu import BYTES, LAUNCH_US, PCIE_BYTES_PER_US, Roofline
+from apsat.targets.gpu import BYTES, Roofline
 
 
 @dataclass
@@ -80,9 +80,11 @@ class Kernel:
     @property
     def modelled_us(self) -> float:
         """Roofline time on an H100 (apsat/extract/cost_gpu.py), fp32; gemm and attention
-        (both tl.dot) at the matrix peak, as cost_gpu prices matmuls and the atoms."""
+        (both tl.dot) at the matrix peak, as cost_gpu prices matmuls and the atoms; with
+        a calibration in force (apsat/targets/gpu_calibration.py), its figures for this
+        kernel's kind."""
         return Roofline("fp32").kernel_us(self.flops, self.elements_read + self.elements_written,
-                                             self.kind in ("gemm", "attention"))
+                                          self.kind in ("gemm", "attention"), self.kind)
 
 
 @dataclass
@@ -100,14 +102,21 @@ class HostStep:
     reason: str
 
     @property
-    def bytes(self) -> float:
-        """Bytes crossing PCIe: the operands down and the result back (cost_gpu's model)."""
+    def elements(self) -> int:
+        """Elements crossing PCIe: the operands down and the result back."""
         ins = sum(math.prod(d) for d in self.program.tensor_shapes.values())
-        return (ins + math.prod(self.program.shape[0] + self.program.shape[1])) * BYTES["fp32"]
+        return ins + math.prod(self.program.shape[0] + self.program.shape[1])
+
+    @property
+    def bytes(self) -> float:
+        """Bytes crossing PCIe (cost_gpu's model), fp32."""
+        return self.elements * BYTES["fp32"]
 
     @property
     def modelled_us(self) -> float:
-        return 2 * LAUNCH_US + self.bytes / PCIE_BYTES_PER_US
+        """A launch each way plus the PCIe transfers (Roofline.host_us: the calibrated
+        launch when a calibration is in force)."""
+        return Roofline("fp32").host_us(self.elements)
 
 
 @dataclass

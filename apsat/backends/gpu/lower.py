@@ -81,27 +81,28 @@ def _ident(name: str, taken: set) -> str:
 
 # ---- the lowering -------------------------------------------------------------------------------
 
-def lower(program: Program, tiles: dict | None = None) -> KernelGraph:
+def lower(program: Program, tiles: dict | None = None, tuned=None) -> KernelGraph:
     """The kernel graph of `program` (see the module doc).
 
     tiles: optional tile parameters, by kernel name or by kind ("gemm", "reduce",
-    "attention", "elementwise"), each a dict such as {"BM": 32, "BN": 32, "BK": 16};
-    missing ones come from the search in apsat/backends/gpu/tiling.py.
+    "attention", "elementwise"), each a dict such as {"BM": 32, "BN": 32, "BK": 16}.
+    tuned: a tuning.TuningCache; a kernel whose shape it holds takes the tuned tiles.
+    The others come from the roofline search in apsat/backends/gpu/tiling.py.
 
     Sibling products (Q, K and V projections of one input) are merged into one gemm
     (merge.py) when that leaves fewer kernels and no more host steps."""
-    graph = _Lowering(program, tiles or {}).run()
+    graph = _Lowering(program, tiles or {}, tuned).run()
     merged = merge_siblings(program)
     if merged is not program:
-        other = _Lowering(merged, tiles or {}).run()
+        other = _Lowering(merged, tiles or {}, tuned).run()
         if len(other.kernels) < len(graph.kernels) and len(other.host_steps) <= len(graph.host_steps):
             return other
     return graph
 
 
 class _Lowering:
-    def __init__(self, program: Program, tiles: dict):
-        self.p, self.tiles = program, tiles
+    def __init__(self, program: Program, tiles: dict, tuned=None):
+        self.p, self.tiles, self.tuned = program, tiles, tuned
         self.order = program.terms()
         self.inlining = Inlining(program, self.order)
         self.uses, self.parents = self.inlining.uses, self.inlining.parents
@@ -207,6 +208,8 @@ class _Lowering:
 
     def _tile(self, k: Kernel):
         given = self.tiles.get(k.name) or self.tiles.get(k.kind)
+        if not given and self.tuned is not None:
+            given = self.tuned.tiles(k)
         a = {g: math.prod(d) for g, d in k.axes.items()}
         if k.kind == "gemm":
             k.tiles = dict(given) if given else tiling.gemm_tiles(a["b"], a["m"], a["n"], a["k"])

@@ -175,6 +175,8 @@ def kernel_source(k: Kernel) -> str:
     cover = ", ".join(k.covers) or k.kind
     tiles = ", ".join(f"{a}={b}" for a, b in k.tiles.items() if a != "modelled_us")
     warps = int(k.tiles.get("num_warps", 4))
+    # pipeline stages: Triton's default unless a tuning chose (tuning.py); the interpreter ignores them
+    stages = int(k.tiles["num_stages"]) if "num_stages" in k.tiles else None
     sig = {p: "*fp32" for p in _params(k)}
     sig.update({c: "constexpr" for c in constexprs})
     args = ", ".join(["out"] + k.reads)
@@ -197,12 +199,14 @@ def kernel_source(k: Kernel) -> str:
         f"SIGNATURE = {sig!r}",
         f"GRID = {tuple(grid)!r}",
         f"NUM_WARPS = {warps}",
+        *([f"NUM_STAGES = {stages}"] if stages else []),
         f"KERNEL = {k.name}",
         "",
         "",
         f"def launch({args}):",
         f'    """Run {k.name}: writes out from {", ".join(k.reads) or "nothing"} (torch tensors)."""',
-        f"    {k.name}[GRID]({args}, **CONSTEXPRS, num_warps=NUM_WARPS, enable_fp_fusion=False)",
+        f"    {k.name}[GRID]({args}, **CONSTEXPRS, num_warps=NUM_WARPS"
+        + (", num_stages=NUM_STAGES" if stages else "") + ", enable_fp_fusion=False)",
         "",
     ])
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from apsat.backends.gpu.graph import KernelGraph
 from apsat.backends.gpu.lower import lower
+from apsat.backends.gpu.tuning import tuned_cache
 
 
 def _triton_version() -> str | None:
@@ -37,7 +38,7 @@ def _triton_version() -> str | None:
 
 
 def write_kernels(program, directory, *, tiles: dict | None = None, compile=True,
-                  graph: KernelGraph | None = None) -> dict:
+                  graph: KernelGraph | None = None, gpu: str | None = None) -> dict:
     """Write the kernels of `program` (an extracted Program for the gpu target) into
     `directory` (created if needed) and return their figures.
 
@@ -45,6 +46,9 @@ def write_kernels(program, directory, *, tiles: dict | None = None, compile=True
     for the Triton sources); False writes sources only; or a collection naming the
     tools to use, from {"cuda", "triton"}. tiles: tile overrides (see lower.lower).
     graph: an already lowered kernel graph of `program`, to skip lowering again.
+    gpu: the GPU (its name as torch.cuda.get_device_name gives it) whose tuned tiles
+    (tuning.TuningCache) the kernels take where the cache holds their shape; default the
+    GPU torch sees here, none without one (the roofline's tiles).
 
     Returns a JSON-ready dict (also written to DIR/kernels.json):
       "directory", "runner" (path of runner.py)
@@ -65,7 +69,7 @@ def write_kernels(program, directory, *, tiles: dict | None = None, compile=True
       "tools": "nvcc" (path or None), "triton" (version or None), "notes" (why something
           was not compiled)
     """
-    graph = graph or lower(program, tiles)
+    graph = graph or lower(program, tiles, tuned_cache(gpu))
     directory = Path(directory)
     (directory / "kernels").mkdir(parents=True, exist_ok=True)
     texts = _write_sources(graph, directory)

@@ -1,0 +1,196 @@
+"""Each kernel of a kernel graph timed on the buffers it reads in the model; tile tuning.
+
+    profile(graph, tensors, timer, *, cache=None, tune=False, limit=16, device=None) -> [row]
+    cuda_timer(warmup_ms, rep_ms) / wall_timer(runs) -> timer(fn) -> microseconds
+
+The steps run in order on `tensors` (the model's inputs and weights by tensor name), as
+the generated runner runs them, so each kernel is timed on the data it meets in the model:
+token ids index in range, masks stay masks. Host steps run and are timed too.
+
+With `tune`, a kernel whose shape (tuning.kernel_key) the cache lacks is timed under each
+of tuning.candidates. The first candidate is the kernel's own tiles; a candidate whose
+output differs from it (rtol 1e-4, atol 1e-5 x the output's largest magnitude; outputs are
+poisoned with NaN first, so an element left unwritten differs) is rejected, and one that
+does not compile (too much shared memory, say) is skipped. The fastest of the rest is
+recorded in the cache; a kernel whose shape the cache holds is not searched again.
+
+A row: "name", "kind" (a kernel kind, or "host"), "prepare" (weight-only: run once per
+model load), "covers", "flops", "bytes", "modelled_us" (the roofline's), "measured_us" (the
+timer's, for the tiles kept), "tiles", "key", and "tuning": {"searched", "tried",
+"rejected", "failed", "default_us"}.
+
+On a GPU the timer is cuda_timer: triton.testing.do_bench's median, CUDA events around
+each run. Without one the kernels run under the Triton interpreter and wall_timer times
+them: the figures say nothing about a GPU, but the search runs the same code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+
+from apsat.backends.gpu.graph import HostStep, Kernel, KernelGraph
+from apsat.backends.gpu.tuning import candidates, kernel_key, plain_tiles
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def cuda_timer(warmup_ms: float = 25, rep_ms: float = 100):
+    """A timer for GPU work: the median microseconds of fn over about rep_ms of runs after
+    warmup_ms of warm-up (triton.testing.do_bench: CUDA events, L2 flushed between runs)."""
+    from triton.testing import do_bench
+
+    def time_us(fn) -> float:
+        return 1000.0 * float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    return time_us
+
+
+def wall_timer(runs: int = 3):
+    """A timer for CPU work (the Triton interpreter): median wall-clock microseconds of
+    `runs` calls after one warm-up call."""
+    def time_us(fn) -> float:
+        fn()
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return 1e6 * statistics.median(times)
+    return time_us
+
+
+def _device(device):
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
+def _inputs(graph: KernelGraph, tensors: dict, dev) -> dict:
+    """The input buffers on `dev` as float32 (the kernels' type), by buffer name."""
+    import numpy as np
+    import torch
+
+    missing = sorted({b.tensor for b in graph.inputs} - set(tensors))
+    if missing:
+        raise KeyError("missing input tensors: " + ", ".join(missing))
+    out = {}
+    for b in graph.inputs:
+        x = tensors[b.tensor]
+        t = x if isinstance(x, torch.Tensor) else torch.tensor(np.asarray(x, dtype=np.float32))
+        if tuple(t.shape) != tuple(b.dims):
+            raise ValueError(f"input {b.tensor} of shape {tuple(t.shape)}, the kernels expect {tuple(b.dims)}")
+        out[b.name] = t.to(device=dev, dtype=torch.float32).contiguous()
+    return out
+
+
+def _launcher(mod, dev):
+    """mod.launch, run under the Triton interpreter on the CPU (the module's @triton.jit
+    functions rebound as interpreter functions, as the generated runner does)."""
+    if dev.type != "cpu":
+        return mod.launch
+    import numpy as np
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    made = {}
+    for name, value in list(vars(mod).items()):
+        if isinstance(value, JITFunction):
+            made.setdefault(id(value), InterpretedFunction(value.fn))
+            setattr(mod, name, made[id(value)])
+
+    def launch(*args):
+        with np.errstate(all="ignore"):     # masked-off lanes' arithmetic (0 / 0)
+            mod.launch(*args)
+    return launch
+
+
+def _close(got, want) -> bool:
+    import torch
+
+    scale = float(torch.nan_to_num(want.abs(), nan=0.0, posinf=0.0).max()) if want.numel() else 0.0
+    return bool(torch.allclose(got, want, rtol=RTOL, atol=ATOL * max(scale, 1.0), equal_nan=True))
+
+
+def _trial(k: Kernel, tiles: dict, reads: list, dims, dev, timer, want):
+    """(output, microseconds) of kernel k under `tiles`; output None when it differs from
+    `want` (the first trial's output, when given)."""
+    import torch
+
+    from apsat.backends.gpu.files import source_module
+    from apsat.backends.gpu.triton import kernel_source
+
+    text = kernel_source(dataclasses.replace(k, tiles=dict(tiles)))
+    with source_module(text, k.name) as mod:     # compiled and timed inside: the file goes after
+        launch = _launcher(mod, dev)
+        out = torch.full(dims, math.nan, dtype=torch.float32, device=dev)
+        launch(out, *reads)
+        if want is not None and not _close(out, want):
+            return None, math.inf
+        return out, timer(lambda: launch(out, *reads))
+
+
+def _kernel_step(k: Kernel, bufs: dict, dims, dev, timer, cache, tune: bool, limit: int):
+    """(output, row) of one kernel: timed under its tiles, or searched (see the module doc)."""
+    key = kernel_key(k)
+    search = tune and (cache is None or key not in cache)
+    trials = candidates(k, limit) if search else [plain_tiles(k.tiles)]
+    reads = [bufs[r] for r in k.reads]
+    want, best, stats = None, None, {"searched": search, "tried": 0, "rejected": 0, "failed": 0}
+    for i, tiles in enumerate(trials):
+        try:
+            out, us = _trial(k, tiles, reads, dims, dev, timer, want)
+        except Exception:  # noqa: BLE001 -- a candidate the compiler refuses is skipped
+            if i == 0:
+                raise       # the kernel's own tiles must compile
+            stats["failed"] += 1
+            continue
+        stats["tried"] += 1
+        if out is None:
+            stats["rejected"] += 1
+            continue
+        if i == 0:
+            want, stats["default_us"] = out, us
+        if best is None or us < best[0]:
+            best = (us, tiles, out)
+    if search and cache is not None:
+        cache.put(key, k.kind, best[1], best[0], default_us=stats["default_us"], tried=stats["tried"],
+                  rejected=stats["rejected"], failed=stats["failed"])
+    row = {"name": k.name, "kind": k.kind, "covers": k.covers, "flops": k.flops, "bytes": k.bytes,
+           "modelled_us": k.modelled_us, "measured_us": best[0], "tiles": best[1], "key": key,
+           "tuning": stats}
+    return best[2], row
+
+
+def profile(graph: KernelGraph, tensors: dict, timer, *, cache=None, tune: bool = False,
+            limit: int = 16, device=None, progress=None) -> list[dict]:
+    """Run and time every step of `graph` on `tensors` (see the module doc); returns one
+    row per step in order. cache: a tuning.TuningCache (read, and written when tuning);
+    limit: candidates per searched kernel; progress(i, n, name) is called before each step."""
+    from apsat.backends.gpu.host import run_host_step
+    from apsat.backends.gpu.runner import write_sources
+
+    dev = _device(device)
+    folder = write_sources(graph)            # the host steps' file, in the private cache
+    bufs = _inputs(graph, tensors, dev)
+    once = {s.name for s in graph.prepare_steps}
+    rows = []
+    for i, step in enumerate(graph.steps):
+        if progress is not None:
+            progress(i, len(graph.steps), step.name)
+        if isinstance(step, HostStep):
+            def host(step=step):
+                return run_host_step(folder / "host_steps.json", step.name,
+                                     {r: bufs[r] for r in step.reads}, dev)
+            bufs[step.out] = host()
+            row = {"name": step.name, "kind": "host", "covers": [step.op], "flops": 0.0,
+                   "bytes": step.bytes, "modelled_us": step.modelled_us, "measured_us": timer(host),
+                   "tiles": {}, "key": None, "tuning": {}}
+        else:
+            dims = tuple(graph.buffers[step.out].dims)
+            bufs[step.out], row = _kernel_step(step, bufs, dims, dev, timer, cache, tune, limit)
+        rows.append({**row, "prepare": step.name in once})
+    return rows
+
