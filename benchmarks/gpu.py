@@ -1,178 +1,187 @@
-"""Generated GPU kernels against PyTorch eager.
+"""apsat's GPU kernels timed on an NVIDIA GPU, end to end and per kernel, against PyTorch
+eager, torch.compile and onnxruntime's CUDA execution provider.
 
-For each model (a conv net, a transformer encoder block, a 3-layer MLP; tests/models.py):
-optimise for the gpu target, lower to kernels and print each kernel's modelled figures
-(FLOPs, bytes, H100 roofline microseconds, tiles). A hand-written PyTorch eager version of
-the same model is checked against onnxruntime first. With an NVIDIA GPU
-(torch.cuda.is_available()) the script then times the generated kernels (the generated
-runner, inputs already on the device) and the eager version on the same inputs, with CUDA
-events after warm-up, and prints the ratio; without one it says so after the modelled
-figures.
+Models (benchmarks/gpu_models.py): the light zoo's CNNs, the real zoo's transformers, a
+BERT-base-sized encoder and MLP3. Each runs in a process of its own (spawned), so a crash
+or a broken CUDA context is that row's failure; its row is written to OUT/rows/<model>.json
+as soon as it is done, so nothing measured is lost. gpu_bench.py says what each column is.
 
-Usage: python benchmarks/gpu.py [--small] [--iters N] [MODEL ...]
-  --small   the test-sized models (default: larger ones where a GPU has work to do)
-  MODEL     small_convnet, encoder_block, mlp3 (default: all three)
+Per kernel, the measured time (triton.testing.do_bench's median) is set against the
+roofline's; OUT/measurements.json collects them in the form benchmarks/calibrate_gpu.py
+fits. With --tune, every kernel shape this GPU's tuning cache lacks is searched first
+(apsat/backends/gpu/profile.py; at most --limit candidates each) and recorded there.
+
+Without a GPU (or with --cpu) the apsat columns run under the Triton interpreter: use the
+test-sized models (--small); the times then say nothing about a GPU, and the tables say so.
+
+Usage:
+  python benchmarks/gpu.py [MODEL ...] [--small] [--tune] [--limit 8] [--iters 50]
+         [--compile-mode max-autotune-no-cudagraphs|default|none] [--skip torch ort] [--out DIR]
+  python benchmarks/gpu.py --table DIR      print the tables of an earlier run
 """
 from __future__ import annotations
 
 import argparse
-import math
+import json
+import multiprocessing as mp
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-import models
-
-SIZES = {   # builder keyword arguments: the larger benchmark sizes
-    "small_convnet": {},
-    "encoder_block": {"batch": 8, "seq": 128, "d_model": 256, "heads": 8, "hidden": 1024},
-    "mlp3": {"batch": 512, "sizes": (1024, 4096, 4096, 1000)},
-}
+COLUMNS = ["triton", "triton_graph", "cuda", "cuda_graph", "eager", "compile", "ort_cuda"]
+TARGETS = {"resnet50": "compile", "bert_base": "compile", "mlp3": "eager"}   # model -> baseline
+TARGET_RATIO = {"compile": 1.0, "eager": 2.0}
 
 
-# ---- PyTorch eager versions of the models (weights by their ONNX names) ------------------
+def _child(name: str, opts, queue):
+    import gpu_bench
 
-def eager_small_convnet(w, x):
-    import torch.nn.functional as F
-
-    r1 = F.relu(F.conv2d(x, w["c1w"], w["c1b"], padding=1))
-    r2 = F.relu(F.conv2d(r1, w["c2w"], w["c2b"], padding=1) + r1)
-    gap = F.max_pool2d(r2, 2, 2).mean(dim=(2, 3))
-    return gap @ w["fw"].T + w["fb"]
-
-
-def eager_encoder_block(w, x, heads):
-    import torch.nn.functional as F
-
-    b, s, d = x.shape
-    dh = d // heads
-    h = F.layer_norm(x, (d,), w["ln_s"], w["ln_b"], 1e-5)
-    q = (h @ w["Wq"] + w["bq"]).reshape(b, s, heads, dh).transpose(1, 2)
-    k = (h @ w["Wk"] + w["bk"]).reshape(b, s, heads, dh).permute(0, 2, 3, 1)
-    v = (h @ w["Wv"] + w["bv"]).reshape(b, s, heads, dh).transpose(1, 2)
-    probs = F.softmax((q @ k) / math.sqrt(dh), dim=-1)
-    ctx = (probs @ v).transpose(1, 2).reshape(b, s, d)
-    y = x + (ctx @ w["Wo"] + w["bo"])
-    h2 = F.layer_norm(y, (d,), w["ln2_s"], w["ln2_b"], 1e-5)
-    m = F.gelu(h2 @ w["mlp_W1"] + w["mlp_b1"])          # exact (erf) GELU
-    return y + (m @ w["mlp_W2"] + w["mlp_b2"])
+    try:
+        row = gpu_bench.measure(name, opts)
+    except Exception as e:  # noqa: BLE001 -- the model's failure is its row
+        row = {"model": name, "error": f"{type(e).__name__}: {str(e).strip()[:300]}"}
+    queue.put(json.dumps(row, default=float))
 
 
-def eager_mlp3(w, x):
-    import torch.nn.functional as F
+def run_model(name: str, opts) -> dict:
+    """gpu_bench.measure(name) in a fresh process, or its failure as a row."""
+    if not opts.isolate:
+        import gpu_bench
 
-    n = sum(1 for k in w if k.startswith("W"))
-    for i in range(n):
-        x = x @ w[f"W{i}"].T + w[f"b{i}"]
-        x = F.relu(x) if i < n - 1 else x
-    return x
-
-
-def eager(name, kwargs):
-    if name == "encoder_block":
-        heads = kwargs.get("heads", 4)
-        return lambda w, x: eager_encoder_block(w, x, heads)
-    return {"small_convnet": eager_small_convnet, "mlp3": eager_mlp3}[name]
+        return gpu_bench.measure(name, opts)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(name, opts, queue))
+    proc.start()
+    proc.join()
+    return json.loads(queue.get()) if not queue.empty() else {"model": name, "error": f"crashed (exit {proc.exitcode})"}
 
 
-# ---- timing ---------------------------------------------------------------------------------
-
-def cuda_ms(fn, iters: int) -> float:
-    """Milliseconds per call of fn on the GPU (CUDA events, after 10 warm-up calls)."""
-    import torch
-
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+def _commit() -> str:
+    res = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True, check=False)
+    return res.stdout.strip() or "unknown"
 
 
-def bench(name: str, small: bool, iters: int, gpu: bool) -> dict:
-    import torch
+def measurements(rows: list[dict]) -> dict:
+    """The per-kernel measurements of `rows` in calibrate_gpu.py's form."""
+    kernels = [{"model": r["model"], **{k: kr[k] for k in ("name", "kind", "flops", "bytes", "modelled_us",
+                                                          "measured_us", "prepare")}}
+               for r in rows for kr in r.get("kernel_rows", [])]
+    gpus = sorted({r["device"] for r in rows if "device" in r})
+    return {"gpu": ", ".join(gpus), "commit": _commit(), "date": time.strftime("%Y-%m-%d"), "kernels": kernels}
 
-    import apsat
-    from apsat.backends.gpu.lower import lower
-    from apsat.backends.gpu.runner import load_runner, write_sources
-    from apsat.pipeline.zoo import ort_run, random_inputs
 
-    kwargs = {} if small else SIZES[name]
-    t = time.perf_counter()
-    model = apsat.load_onnx(getattr(models, name)(**kwargs))
-    res = apsat.optimize(model, target="gpu", verify=False)
-    graph = lower(res.program)
-    seconds = time.perf_counter() - t
-    print(f"\n== {name} {kwargs or '(test size)'}: {len(graph.kernels)} kernels, "
-          f"{len(graph.host_steps)} host steps (optimise + lower {seconds:.1f} s)")
-    print(f"{'kernel':34} {'covers':44} {'MFLOP':>9} {'MB':>8} {'model us':>9}  tiles")
-    for k in graph.kernels:
-        tiles = " ".join(f"{a}={b}" for a, b in k.tiles.items() if a not in ("modelled_us", "num_warps"))
-        print(f"{k.name:34} {', '.join(k.covers)[:44]:44} {k.flops / 1e6:9.3f} {k.bytes / 1e6:8.3f} "
-              f"{k.modelled_us:9.2f}  {tiles}")
-    for h in graph.host_steps:
-        print(f"{h.name:34} {'host: ' + h.reason[:38]:44} {'':9} {h.bytes / 1e6:8.3f} {h.modelled_us:9.2f}")
-    modelled = sum(s.modelled_us for s in graph.steps)
-    print(f"modelled total: {modelled:.1f} us")
+def _ms(x) -> str:
+    return f"{x:9.3f}" if isinstance(x, (int, float)) else f"{'-':>9}"
 
-    inputs = random_inputs(model, 0)
-    device = "cuda" if gpu else "cpu"
-    w = {k: torch.tensor(np.asarray(v, np.float32), device=device) for k, v in model.weights.items()}
-    x = torch.tensor(inputs["x"], device=device)
-    fn = eager(name, kwargs)
-    with torch.no_grad():
-        want = next(iter(ort_run(model.onnx, inputs).values()))
-        got = fn(w, x).cpu().numpy()
-    err = float(np.abs(got - want).max())
-    print(f"PyTorch eager vs onnxruntime: max abs error {err:.2e}")
-    row = {"model": name, "kernels": len(graph.kernels), "modelled_us": modelled, "eager_err": err}
-    if not gpu:
-        return row
-    runner = load_runner(write_sources(graph))
-    tensors = {**{k: v for k, v in w.items()}, "x": x}
-    out = runner.run(tensors, device="cuda")
-    kerr = float(np.abs(next(iter(out.values())).cpu().numpy() - want).max())
-    with torch.no_grad():
-        row["kernels_ms"] = cuda_ms(lambda: runner.run(tensors, device="cuda"), iters)
-        row["eager_ms"] = cuda_ms(lambda: fn(w, x), iters)
-    row["kernels_err"] = kerr
-    print(f"kernels vs onnxruntime: max abs error {kerr:.2e}; kernels {row['kernels_ms']:.3f} ms, "
-          f"eager {row['eager_ms']:.3f} ms, eager / kernels = {row['eager_ms'] / row['kernels_ms']:.2f}")
-    return row
+
+def print_models(rows: list[dict]) -> None:
+    head = f"{'model':20} {'kern':>4} {'host':>4} {'model ms':>9} " + " ".join(f"{c:>12}" for c in COLUMNS)
+    print(head + f" {'apsat/compile':>13} {'apsat/eager':>11}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:20} error: {r['error']}")
+            continue
+        ms = r["ms"]
+        best = min((ms[c] for c in COLUMNS[:4] if c in ms), default=None)
+        ratio = {b: f"{ms[b] / best:.2f}" if best and b in ms else "-" for b in ("compile", "eager")}
+        print(f"{r['model']:20} {r.get('kernels', 0):4d} {r.get('host_steps', 0):4d} {_ms(r.get('modelled_ms'))} "
+              + " ".join(f"{_ms(ms.get(c)):>12}" for c in COLUMNS)
+              + f" {ratio['compile']:>13} {ratio['eager']:>11}")
+    print("ms: median per inference; apsat/X: X's time over apsat's best column (> 1: apsat faster)")
+    for r in rows:
+        for note in r.get("notes", []):
+            print(f"  {r['model']}: {note}")
+
+
+def _errors(ks: list[dict]) -> list[float]:
+    return [abs(k["modelled_us"] - k["measured_us"]) / k["measured_us"] for k in ks if k["measured_us"] > 0]
+
+
+def print_kernels(rows: list[dict]) -> None:
+    """The roofline's error per kernel against measurement, by model and by kind."""
+    ks = [{**k, "model": r["model"]} for r in rows for k in r.get("kernel_rows", []) if k["kind"] != "host"]
+    if not ks:
+        return
+    print(f"\n{'group':20} {'kernels':>7} {'measured ms':>11} {'modelled ms':>11} {'median err':>10} {'worst err':>9}")
+    groups = [(r["model"], [k for k in ks if k["model"] == r["model"]]) for r in rows]
+    groups += [(f"kind {kind}", [k for k in ks if k["kind"] == kind]) for kind in sorted({k["kind"] for k in ks})]
+    for label, g in groups + [("all", ks)]:
+        errs = _errors(g)
+        if errs:
+            print(f"{label:20} {len(g):7d} {sum(k['measured_us'] for k in g) / 1e3:11.3f} "
+                  f"{sum(k['modelled_us'] for k in g) / 1e3:11.3f} {statistics.median(errs):10.1%} {max(errs):9.1%}")
+    print("err: |modelled - measured| / measured per kernel (the data-sheet roofline unless a calibration is active)")
+
+
+def print_targets(rows: list[dict]) -> None:
+    by = {r["model"]: r for r in rows if "ms" in r}
+    for model, base in TARGETS.items():
+        r = by.get(model)
+        if r is None:
+            continue
+        best = min((r["ms"][c] for c in COLUMNS[:4] if c in r["ms"]), default=None)
+        if best and base in r["ms"]:
+            ratio = r["ms"][base] / best
+            verdict = "met" if ratio >= TARGET_RATIO[base] else "missed"
+            print(f"target {model}: {base} / apsat = {ratio:.2f} (target >= {TARGET_RATIO[base]:.1f}): {verdict}")
+
+
+def print_tables(rows: list[dict]) -> None:
+    devices = sorted({r["device"] for r in rows if "device" in r})
+    print(f"device: {', '.join(devices) or 'none'}")
+    print_models(rows)
+    print_kernels(rows)
+    print_targets(rows)
+    if not any(d.startswith("NVIDIA") for d in devices):
+        print("No NVIDIA GPU: the kernels ran under the Triton interpreter on the CPU; these times say "
+              "nothing about a GPU.")
 
 
 def main(argv=None) -> int:
+    import gpu_models
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="*", default=list(SIZES))
-    ap.add_argument("--small", action="store_true")
-    ap.add_argument("--iters", type=int, default=100)
-    args = ap.parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        print("torch is not installed (pip install apsat[gpu]): nothing to run")
-        return 1
-    gpu = torch.cuda.is_available()
-    rows = [bench(name, args.small, args.iters, gpu) for name in args.models]
-    print()
-    if not gpu:
-        print("No NVIDIA GPU present (torch.cuda.is_available() is False): the figures above "
-              "are modelled (H100 roofline), nothing was timed.")
+    ap.add_argument("models", nargs="*")
+    ap.add_argument("--small", action="store_true", help="the test-sized models (for the interpreter)")
+    ap.add_argument("--cpu", action="store_true", help="the interpreter even where a GPU is present")
+    ap.add_argument("--tune", action="store_true", help="search the tiles of shapes the tuning cache lacks")
+    ap.add_argument("--limit", type=int, default=8, help="candidates per searched kernel shape")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["torch", "ort"])
+    ap.add_argument("--out", type=Path, default=Path("gpu-bench"))
+    ap.add_argument("--no-isolate", dest="isolate", action="store_false", help="all models in this process")
+    ap.add_argument("--table", type=Path, help="print the tables of an earlier run's folder")
+    opts = ap.parse_args(argv)
+    if opts.table:
+        print_tables([json.loads(p.read_text()) for p in sorted((opts.table / "rows").glob("*.json"))])
         return 0
-    print(f"GPU: {torch.cuda.get_device_name()}")
-    print(f"{'model':16} {'kernels':>7} {'model us':>9} {'kernels ms':>11} {'eager ms':>9} {'eager/kernels':>14}")
-    for r in rows:
-        print(f"{r['model']:16} {r['kernels']:7d} {r['modelled_us']:9.1f} {r['kernels_ms']:11.3f} "
-              f"{r['eager_ms']:9.3f} {r['eager_ms'] / r['kernels_ms']:14.2f}")
-    return 0
+    names = opts.models or (gpu_models.SMALL if opts.small else gpu_models.all_names())
+    unknown = [n for n in names if n not in gpu_models.all_names() + gpu_models.SMALL]
+    if unknown:
+        print(f"gpu.py: unknown model(s) {', '.join(unknown)}; known: {', '.join(gpu_models.all_names())}")
+        return 2
+    (opts.out / "rows").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, name in enumerate(names, 1):
+        t = time.perf_counter()
+        print(f"[{i}/{len(names)}] {name} ...", flush=True)
+        row = run_model(name, opts)
+        (opts.out / "rows" / f"{name}.json").write_text(json.dumps(row, indent=1, default=float))
+        rows.append(row)
+        print(f"[{i}/{len(names)}] {name}: {row.get('error', 'done')} ({time.perf_counter() - t:.0f} s)", flush=True)
+    (opts.out / "measurements.json").write_text(json.dumps(measurements(rows), indent=1))
+    print_tables(rows)
+    return 0 if not any("error" in r for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Results of batch runs, stored under a content key so that a re-run reuses them.
 
 A model's key is the SHA-256 of everything its result depends on: the model file's bytes,
-the target, the text of every rule file given, the options, and apsat's version. A result
+the target, the text of every rule file given, the options, apsat's version, and for gpu
+targets the cost model's calibration in force. A result
 is a JSON record written atomically (a temporary file in the same directory, then
 `os.replace`), so a run killed at any moment, `kill -9` included, leaves either the whole
 record or none: a later run never trusts a half-written one. Only successful results are
@@ -29,7 +30,8 @@ def apsat_version() -> str:
 
 def content_key(model_bytes: bytes, target: str, rule_texts: list[str], options: dict) -> str:
     """The hex SHA-256 naming a result: model bytes, target, rule files' text (in order),
-    options (JSON with sorted keys), apsat's version and the store's layout version."""
+    options (JSON with sorted keys), apsat's version, the store's layout version and, for
+    gpu targets, the active cost-model calibration."""
     h = hashlib.sha256()
     for part in (b"apsat-result", str(STORE_VERSION).encode(), apsat_version().encode(),
                  target.encode(), json.dumps(options, sort_keys=True, default=str).encode()):
@@ -38,7 +40,20 @@ def content_key(model_bytes: bytes, target: str, rule_texts: list[str], options:
         data = text.encode()
         h.update(len(data).to_bytes(8, "little") + data)
     h.update(hashlib.sha256(model_bytes).digest())
+    h.update(_cost_figures(target))
     return h.hexdigest()
+
+
+def _cost_figures(target: str) -> bytes:
+    """What the target's cost model reads besides the options: for gpu targets the
+    calibration in force (apsat/targets/gpu_calibration.py), so that a result priced
+    under other figures is not reused."""
+    if target.split(":")[0] != "gpu":
+        return b""
+    from apsat.targets import gpu_calibration
+
+    cal = gpu_calibration.active()
+    return b"" if cal is None else json.dumps(cal.to_json(), sort_keys=True).encode()
 
 
 class ResultStore:

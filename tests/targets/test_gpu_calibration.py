@@ -226,6 +226,19 @@ def test_a_calibration_through_the_environment_changes_the_cost_model(monkeypatc
     assert _matmul_cost() == before
 
 
+def test_a_stored_gpu_result_is_not_reused_under_another_calibration(monkeypatch, tmp_path):
+    from apsat.pipeline.store import content_key
+
+    def key(target):
+        return content_key(b"model", target, [], {"verify": True})
+    before = {t: key(t) for t in ("gpu", "systolic:32x32")}
+    _use(monkeypatch, tmp_path, TRUE)
+    assert key("gpu") != before["gpu"]                          # priced under other figures
+    assert key("systolic:32x32") == before["systolic:32x32"]    # no gpu figures read
+    monkeypatch.setenv(gc.ENV, "none")
+    assert key("gpu") == before["gpu"]
+
+
 def test_each_node_is_priced_as_the_kernel_kind_the_backend_gives_it():
     atom, chain, shapes = forms((1, 2), (1, 2), 16, 16, 8, 8, 0, bias=True)
     pair = "(access-pair (access (access-tensor x) 2) (access (access-tensor y) 2))"
