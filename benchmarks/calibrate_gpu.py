@@ -20,7 +20,7 @@ import sys
 
 from apsat.errors import ApsatError, CalibrationError
 from apsat.targets import gpu_calibration
-from apsat.targets.gpu import HBM_BYTES_PER_US, TFLOPS
+from apsat.targets.gpu import HBM_BYTES_PER_US, LAUNCH_US, TFLOPS
 
 EXIT_BAD_INPUT = 2
 
@@ -67,7 +67,8 @@ def main(argv=None) -> int:
     try:
         data = read(args.measurements)
         kernels = [k for k in data["kernels"] if not (isinstance(k, dict) and k.get("kind") == "host")]
-        cal, report = gpu_calibration.fit(kernels, TFLOPS["fp32"] * 1e6, HBM_BYTES_PER_US, gpu=data["gpu"])
+        cal, report = gpu_calibration.fit(kernels, TFLOPS["fp32"] * 1e6, HBM_BYTES_PER_US, LAUNCH_US,
+                                              gpu=data["gpu"])
     except ApsatError as exc:
         print(f"calibrate_gpu: {args.measurements}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

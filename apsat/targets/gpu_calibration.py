@@ -230,11 +230,12 @@ def _problem_functions(rows, kinds, peak: float, hbm: float):
     return residuals, jacobian
 
 
-def fit(measurements: list, peak_flops_per_us: float, hbm_bytes_per_us: float,
+def fit(measurements: list, peak_flops_per_us: float, hbm_bytes_per_us: float, launch_us: float,
         gpu: str = "unknown") -> tuple[Calibration, dict]:
     """Fit launch and the per-kind fractions to measured kernels: `measurements` are
     dicts with kind, flops, bytes and measured_us (others ignored); the peaks are the
-    data sheet's (FLOP/us and bytes/us). Returns the calibration (provenance: kernels,
+    data sheet's (FLOP/us and bytes/us), launch_us its launch time (the fit's starting
+    point and the "before" model). Returns the calibration (provenance: kernels,
     error_before, error_after) and a report {kind and "all": {"n", "before": {"median",
     "worst"}, "after": {...}}} of relative errors under the data sheet and the fit.
 
@@ -250,22 +251,20 @@ def fit(measurements: list, peak_flops_per_us: float, hbm_bytes_per_us: float,
     import numpy as np
     from scipy.optimize import least_squares
 
-    from apsat.targets.gpu import LAUNCH_US
-
     rows = _checked(measurements)
     kinds = [k for k in KINDS if any(r[0] == k for r in rows)]
     residuals, jacobian = _problem_functions(rows, kinds, peak_flops_per_us, hbm_bytes_per_us)
     lo = [0.0] + [MIN_FRACTION] * 2 * len(kinds)
     hi = [MAX_LAUNCH_US] + [MAX_FRACTION] * 2 * len(kinds)
-    starts = [_start(rows, kinds, peak_flops_per_us, hbm_bytes_per_us, LAUNCH_US),
-              np.clip([LAUNCH_US] + [1.0] * 2 * len(kinds), lo, hi)]
+    starts = [_start(rows, kinds, peak_flops_per_us, hbm_bytes_per_us, launch_us),
+              np.clip([launch_us] + [1.0] * 2 * len(kinds), lo, hi)]
     best = min((least_squares(residuals, x0, jac=jacobian, bounds=(lo, hi), method="trf")
                 for x0 in starts), key=lambda r: r.cost)
     x = best.x
     bandwidth = {k: 1.0 for k in KINDS} | {k: float(x[1 + 2 * i]) for i, k in enumerate(kinds)}
     compute = {k: 1.0 for k in KINDS} | {k: float(x[2 + 2 * i]) for i, k in enumerate(kinds)}
     cal = Calibration(gpu, float(x[0]), bandwidth, compute)
-    before = _errors(datasheet(LAUNCH_US), rows, peak_flops_per_us, hbm_bytes_per_us)
+    before = _errors(datasheet(launch_us), rows, peak_flops_per_us, hbm_bytes_per_us)
     after = _errors(cal, rows, peak_flops_per_us, hbm_bytes_per_us)
     report = {k: {"n": before[k]["n"], "before": {e: before[k][e] for e in ("median", "worst")},
                   "after": {e: after[k][e] for e in ("median", "worst")}} for k in before}

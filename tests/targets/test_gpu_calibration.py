@@ -59,7 +59,7 @@ def synthetic(cal, kinds=gc.KINDS, intensities=(0.25, 2, 20, 200, 2000), noise=0
 # ---- fit -------------------------------------------------------------------------------------
 
 def test_fit_recovers_the_constants_that_made_the_timings():
-    cal, report = gc.fit(synthetic(TRUE), PEAK, HBM_BYTES_PER_US, gpu=TRUE.gpu)
+    cal, report = gc.fit(synthetic(TRUE), PEAK, HBM_BYTES_PER_US, LAUNCH_US, gpu=TRUE.gpu)
     assert cal.gpu == TRUE.gpu and cal.launch_us == pytest.approx(TRUE.launch_us, rel=0.1)
     for kind in gc.KINDS:
         assert cal.bandwidth[kind] == pytest.approx(TRUE.bandwidth[kind], rel=0.1), kind
@@ -77,7 +77,7 @@ def test_what_the_data_do_not_pin_down_stays_at_the_data_sheet():
     data = synthetic(TRUE, kinds=("gemm", "reduce"), intensities=(0.25, 1.0), noise=0.0) \
         + synthetic(TRUE, kinds=("gemm",), intensities=(200, 2000), noise=0.0)
     data = [m for m in data if m["kind"] == "gemm" or m["flops"] < 2 * m["bytes"]]
-    cal, report = gc.fit(data, PEAK, HBM_BYTES_PER_US)
+    cal, report = gc.fit(data, PEAK, HBM_BYTES_PER_US, LAUNCH_US)
     assert cal.compute["reduce"] == pytest.approx(1.0, abs=1e-3)
     assert cal.bandwidth["reduce"] == pytest.approx(0.55, rel=0.01)
     assert cal.bandwidth["attention"] == cal.compute["attention"] == 1.0 and "attention" not in report
@@ -94,7 +94,7 @@ def test_what_the_data_do_not_pin_down_stays_at_the_data_sheet():
 ])
 def test_fit_refuses_bad_measurements(bad, words):
     with pytest.raises(CalibrationError) as info:
-        gc.fit(bad, PEAK, HBM_BYTES_PER_US)
+        gc.fit(bad, PEAK, HBM_BYTES_PER_US, LAUNCH_US)
     assert words in str(info.value) and "\n" not in str(info.value)
 
 
