@@ -131,6 +131,22 @@ def kernel_source(k: Kernel) -> tuple[str, dict]:
     return src, launch
 
 
+def launch_plan(k: Kernel) -> dict:
+    """Kernel k's launch configuration {"grid", "block"} (with "tiles" for gemm and
+    attention), without generating its source: the runner's and the report's tables."""
+    size = {g: math.prod(d) for g, d in k.axes.items()}
+    if k.kind == "elementwise":
+        return {"grid": (-(-size["o"] // THREADS), 1, 1), "block": THREADS}
+    if k.kind == "reduce":
+        return {"grid": (-(-size["r"] // ROWS_PER_BLOCK), 1, 1), "block": 32 * ROWS_PER_BLOCK}
+    if k.kind == "gemm":
+        tiles = cuda_gemm_tiles(k.tiles)
+        grid = (-(-size["m"] // tiles["BM"]), -(-size["n"] // tiles["BN"]), size["b"])
+        return {"grid": grid, "block": THREADS, "tiles": tiles}
+    tiles = cuda_attention_tiles(size["n"], size["d"], size["e"])
+    return {"grid": (-(-size["m"] // tiles["ROWS"]), size["b"], 1), "block": tiles["threads"], "tiles": tiles}
+
+
 def _elementwise(k: Kernel):
     dims = k.axes["o"]
     n = math.prod(dims)
@@ -141,14 +157,14 @@ def _elementwise(k: Kernel):
     lines += axis_defs(d, "o", dims, var("offs", n), _int, used_vars(k.values["out"]))
     vl, t = emit(d, {"out": k.values["out"]}, {}, "v")
     lines += vl + [f"out[offs] = {t['out']};"]
-    return lines, {"grid": (-(-n // THREADS), 1, 1), "block": THREADS}, ""
+    return lines, launch_plan(k), ""
 
 
 def _gemm(k: Kernel):
     ax = k.axes
     bsz, m, n, kk = (math.prod(ax[g]) for g in "bmnk")
-    tiles = cuda_gemm_tiles(k.tiles)
-    bm, bn, bk = tiles["BM"], tiles["BN"], tiles["BK"]
+    launch = launch_plan(k)
+    bm, bn, bk = (launch["tiles"][t] for t in ("BM", "BN", "BK"))
     d = CudaDialect()
     used = used_vars(*k.values.values(), k.store)
     lines = [f"constexpr int M = {m}, N = {n}, K = {kk};",
@@ -196,8 +212,7 @@ def _gemm(k: Kernel):
                      + [f"out[{d.ix(k.store)}] = {te['out']};"]) + ["}"])
     lines += ["#pragma unroll", "for (int i = 0; i < TM; ++i) {", "  #pragma unroll",
               "  for (int j = 0; j < TN; ++j) {"] + _indent(epi, 2) + ["  }", "}"]
-    grid = (-(-m // bm), -(-n // bn), bsz)
-    return lines, {"grid": grid, "block": THREADS, "tiles": tiles}, WARP_REDUCE if k.stats else ""
+    return lines, launch, WARP_REDUCE if k.stats else ""
 
 
 def _reduce(k: Kernel):
@@ -250,8 +265,7 @@ def _reduce(k: Kernel):
         lines += chunk("b", ["const float acc = x / den;"] + finish("acc"), True)
     else:
         raise AssertionError(op)
-    grid = (-(-rows // ROWS_PER_BLOCK), 1, 1)
-    return lines, {"grid": grid, "block": 32 * ROWS_PER_BLOCK}, WARP_REDUCE
+    return lines, launch_plan(k), WARP_REDUCE
 
 
 def _online_softmax(neg_inf: str) -> list[str]:
@@ -274,8 +288,8 @@ def _attention(k: Kernel):
     -inf guard and its SAFE rule (triton._attention)."""
     ax = k.axes
     bsz, m, n, dd, e = (math.prod(ax[g]) for g in "bmnde")
-    tiles = cuda_attention_tiles(n, dd, e)
-    rows, bn, threads = tiles["ROWS"], tiles["BN"], tiles["threads"]
+    launch = launch_plan(k)
+    rows, bn, threads = (launch["tiles"][t] for t in ("ROWS", "BN", "threads"))
     d = CudaDialect()
     neg_inf = d.const(-math.inf)
     used = used_vars(*k.values.values(), k.store)
@@ -324,8 +338,7 @@ def _attention(k: Kernel):
         [f"const float o = {norm};"] + so + [f"out[{d.ix(k.store)}] = {to};"]) + ["}"]
     lines += (["if (rm < M) {", "  #pragma unroll", "  for (int i = 0; i < EPL; ++i) {"]
               + _indent(fin, 2) + ["  }", "}"])
-    grid = (-(-m // rows), bsz, 1)
-    return lines, {"grid": grid, "block": threads, "tiles": tiles}, WARP_REDUCE
+    return lines, launch, WARP_REDUCE
 
 
 # ---- nvcc ------------------------------------------------------------------------------------

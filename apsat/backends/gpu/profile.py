@@ -60,49 +60,18 @@ def wall_timer(runs: int = 3):
     return time_us
 
 
-def _device(device):
-    import torch
-
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(device)
-
-
-def _inputs(graph: KernelGraph, tensors: dict, dev) -> dict:
-    """The input buffers on `dev` as float32 (the kernels' type), by buffer name."""
-    import numpy as np
-    import torch
-
-    missing = sorted({b.tensor for b in graph.inputs} - set(tensors))
-    if missing:
-        raise KeyError("missing input tensors: " + ", ".join(missing))
-    out = {}
-    for b in graph.inputs:
-        x = tensors[b.tensor]
-        t = x if isinstance(x, torch.Tensor) else torch.tensor(np.asarray(x, dtype=np.float32))
-        if tuple(t.shape) != tuple(b.dims):
-            raise ValueError(f"input {b.tensor} of shape {tuple(t.shape)}, the kernels expect {tuple(b.dims)}")
-        out[b.name] = t.to(device=dev, dtype=torch.float32).contiguous()
-    return out
-
-
-def _launcher(mod, dev):
-    """mod.launch, run under the Triton interpreter on the CPU (the module's @triton.jit
-    functions rebound as interpreter functions, as the generated runner does)."""
+def _launcher(mod, runner, dev):
+    """mod.launch; on the CPU under the Triton interpreter, rebound as the generated
+    runner rebinds its own kernels (runner._interpreted), numpy's warnings about masked-off
+    lanes' arithmetic (0 / 0) silenced."""
     if dev.type != "cpu":
         return mod.launch
     import numpy as np
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
 
-    made = {}
-    for name, value in list(vars(mod).items()):
-        if isinstance(value, JITFunction):
-            made.setdefault(id(value), InterpretedFunction(value.fn))
-            setattr(mod, name, made[id(value)])
+    mod = runner._interpreted(mod)
 
     def launch(*args):
-        with np.errstate(all="ignore"):     # masked-off lanes' arithmetic (0 / 0)
+        with np.errstate(all="ignore"):
             mod.launch(*args)
     return launch
 
@@ -114,7 +83,7 @@ def _close(got, want) -> bool:
     return bool(torch.allclose(got, want, rtol=RTOL, atol=ATOL * max(scale, 1.0), equal_nan=True))
 
 
-def _trial(k: Kernel, tiles: dict, reads: list, dims, dev, timer, want):
+def _trial(k: Kernel, tiles: dict, reads: list, dims, runner, dev, timer, want):
     """(output, microseconds) of kernel k under `tiles`; output None when it differs from
     `want` (the first trial's output, when given)."""
     import torch
@@ -124,7 +93,7 @@ def _trial(k: Kernel, tiles: dict, reads: list, dims, dev, timer, want):
 
     text = kernel_source(dataclasses.replace(k, tiles=dict(tiles)))
     with source_module(text, k.name) as mod:     # compiled and timed inside: the file goes after
-        launch = _launcher(mod, dev)
+        launch = _launcher(mod, runner, dev)
         out = torch.full(dims, math.nan, dtype=torch.float32, device=dev)
         launch(out, *reads)
         if want is not None and not _close(out, want):
@@ -132,7 +101,7 @@ def _trial(k: Kernel, tiles: dict, reads: list, dims, dev, timer, want):
         return out, timer(lambda: launch(out, *reads))
 
 
-def _kernel_step(k: Kernel, bufs: dict, dims, dev, timer, cache, tune: bool, limit: int):
+def _kernel_step(k: Kernel, bufs: dict, dims, runner, dev, timer, cache, tune: bool, limit: int):
     """(output, row) of one kernel: timed under its tiles, or searched (see the module doc)."""
     key = kernel_key(k)
     search = tune and (cache is None or key not in cache)
@@ -141,7 +110,7 @@ def _kernel_step(k: Kernel, bufs: dict, dims, dev, timer, cache, tune: bool, lim
     want, best, stats = None, None, {"searched": search, "tried": 0, "rejected": 0, "failed": 0}
     for i, tiles in enumerate(trials):
         try:
-            out, us = _trial(k, tiles, reads, dims, dev, timer, want)
+            out, us = _trial(k, tiles, reads, dims, runner, dev, timer, want)
         except Exception:  # noqa: BLE001 -- a candidate the compiler refuses is skipped
             if i == 0:
                 raise       # the kernel's own tiles must compile
@@ -170,11 +139,13 @@ def profile(graph: KernelGraph, tensors: dict, timer, *, cache=None, tune: bool 
     row per step in order. cache: a tuning.TuningCache (read, and written when tuning);
     limit: candidates per searched kernel; progress(i, n, name) is called before each step."""
     from apsat.backends.gpu.host import run_host_step
-    from apsat.backends.gpu.runner import write_sources
+    from apsat.backends.gpu.runner import load_runner, write_sources
 
-    dev = _device(device)
-    folder = write_sources(graph)            # the host steps' file, in the private cache
-    bufs = _inputs(graph, tensors, dev)
+    folder = write_sources(graph)            # the private cache, as run_kernels writes it
+    runner = load_runner(folder)             # its device choice, input staging, interpreter
+    dev = runner._device(device)
+    bufs = {n: runner._input(x, runner.INPUTS[n][1], dev)
+            for n, x in runner._raw(tensors, list(runner.INPUTS)).items()}
     once = {s.name for s in graph.prepare_steps}
     rows = []
     for i, step in enumerate(graph.steps):
@@ -190,7 +161,7 @@ def profile(graph: KernelGraph, tensors: dict, timer, *, cache=None, tune: bool 
                    "tiles": {}, "key": None, "tuning": {}}
         else:
             dims = tuple(graph.buffers[step.out].dims)
-            bufs[step.out], row = _kernel_step(step, bufs, dims, dev, timer, cache, tune, limit)
+            bufs[step.out], row = _kernel_step(step, bufs, dims, runner, dev, timer, cache, tune, limit)
         rows.append({**row, "prepare": step.name in once})
     return rows
 

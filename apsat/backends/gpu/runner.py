@@ -267,10 +267,10 @@ def sources(graph: KernelGraph) -> dict[str, str]:
         h.update(name.encode())
         h.update(files[name].encode())
     key = h.hexdigest()[:16]
-    from apsat.backends.gpu.cuda import kernel_source as cuda_source
+    from apsat.backends.gpu.cuda import launch_plan
 
     prepare, run, weights, per_call = _runner_bodies(graph)
-    launches = {k.name: cuda_source(k)[1] for k in graph.kernels}
+    launches = {k.name: launch_plan(k) for k in graph.kernels}
     files["runner.py"] = TEMPLATE.format(
         cuda_launch={name: (tuple(c["grid"]), c["block"]) for name, c in launches.items()},
         n_kernels=len(graph.kernels), n_host=len(graph.host_steps), key=key,

@@ -110,7 +110,7 @@ def kernel_figures(graph: KernelGraph) -> dict:
     once = {s.name for s in graph.prepare_steps}
     rows = []
     for k in graph.kernels:
-        launch = cuda.kernel_source(k)[1]
+        launch = cuda.launch_plan(k)
         rows.append({
             "name": k.name, "kind": k.kind, "prepare": k.name in once, "covers": k.covers,
             "reads": k.reads, "out": k.out, "out_shape": list(graph.buffers[k.out].dims),

@@ -27,7 +27,7 @@ def test_the_runner_launches_cuda_kernels_as_cuda_py_planned(loaded):
     graph, mod, _ = loaded
     assert set(mod.CUDA_LAUNCH) == {k.name for k in graph.kernels}
     for k in graph.kernels:
-        plan = cuda.kernel_source(k)[1]
+        plan = cuda.kernel_source(k)[1]          # what the CUDA source was written for
         assert mod.CUDA_LAUNCH[k.name] == (tuple(plan["grid"]), plan["block"])
 
 
