@@ -252,15 +252,27 @@ def test_operator_parameter_kinds_are_known():
 
 @pytest.mark.parametrize("fn", sorted(fm.FUNCTIONS))
 def test_gpu_renders_every_formula_function(fn):
-    """The registry formulas' functions are the GPU expression IR's, and both dialects
-    write each (Triton through a helper of its own where tl has none)."""
+    """The registry formulas' functions are the GPU expression IR's. Both dialects write
+    each (Triton through a helper of its own where tl has none), except a function the
+    primitive table defines for kernels (max, min): the IR builds it from comparisons and
+    selects, and no dialect may spell it with an instruction of its own."""
+    from apsat.backends.gpu import expr
     from apsat.backends.gpu.cuda import CudaDialect
-    from apsat.backends.gpu.expr import BINARY, UNARY
     from apsat.backends.gpu.triton import HELPERS, TritonDialect
+    from apsat.lang.primitives import PRIMITIVES
 
-    assert fn in (UNARY if fm.FUNCTIONS[fn] == 1 else BINARY), f"formula function {fn}: not in the GPU IR"
+    assert fn in (expr.UNARY if fm.FUNCTIONS[fn] == 1 else expr.BINARY), f"formula function {fn}: not in the GPU IR"
     args = ["a", "b"][: fm.FUNCTIONS[fn]]
     triton = TritonDialect("mask")
+    if PRIMITIVES[fn].kernel is not None:
+        operands = [("load", n, expr.var("i", 4), ()) for n in args]
+        built = expr.call(fn, *operands)
+        assert built[0] == "where" and all(v[0] != "call" for v in expr.value_nodes(built)), built
+        with pytest.raises(ValueError):
+            triton.call(fn, args)
+        with pytest.raises(KeyError):
+            CudaDialect().call(fn, args)
+        return
     assert triton.call(fn, args) and triton.helpers <= set(HELPERS), f"{fn}: Triton helper missing"
     try:
         CudaDialect().call(fn, args)

@@ -16,9 +16,9 @@ A formula is a `Formula` wrapping a tuple tree:
     ("call", fn, f, ...)    fn in FUNCTIONS applied to formulas
     ("select", c, a, b)     a where condition c holds, else b
 
-and a condition is ("nz", f) (f != 0) or ("ge", f, g) (f >= g). Python's operators build
-formulas, `X * (erf(X / SQRT2) + 1.0) * 0.5` is gelu: each operator is one float32 step in
-the order written, and nothing ever reassociates them, so every reading rounds alike.
+and a condition is ("nz", f) (f != 0, true for NaN) or ("ge", f, g) (f >= g, false where
+either is NaN). Python's operators build formulas, `X * (erf(X / SQRT2) + 1.0) * 0.5` is
+gelu: each operator is one float32 step in the order written, and nothing ever reassociates them, so every reading rounds alike.
 """
 from __future__ import annotations
 
@@ -26,19 +26,15 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-# The primitive functions, by arity: exactly the GPU expression IR's functions
-# (apsat/backends/gpu/expr.py), which both kernel dialects render.
-# log1p is log(1 + x) without the rounding of 1 + x (softplus of very negative x is exp(x),
-# as onnxruntime's); fmod is C's fmodf (exact: the remainder's sign is the dividend's).
-FUNCTIONS = {"neg": 1, "sqrt": 1, "exp": 1, "erf": 1, "tanh": 1, "sigmoid": 1, "abs": 1,
-             "log": 1, "log1p": 1, "recip": 1, "floor": 1, "ceil": 1, "cos": 1, "sin": 1,
-             "add": 2, "sub": 2, "mul": 2, "div": 2, "pow": 2, "max": 2, "min": 2, "fmod": 2}
-# Arithmetic of one evaluation of each function (transcendentals cost a few operations);
-# a select costs one. An operator's FLOP figure is the sum over its formula (`flops`).
-FUNCTION_FLOPS = {"add": 1, "sub": 1, "mul": 1, "div": 1, "max": 1, "min": 1, "neg": 1,
-                  "abs": 1, "recip": 1, "floor": 1, "ceil": 1, "sqrt": 4, "exp": 4, "log": 4,
-                  "log1p": 6, "fmod": 4, "erf": 8, "tanh": 8, "cos": 8, "sin": 8,
-                  "sigmoid": 6, "pow": 4}
+from apsat.lang.primitives import PRIMITIVES
+
+# The primitive functions, by arity, and the arithmetic of one evaluation of each: read from
+# their one table (apsat/lang/primitives.py), which also says what each gives at NaN, +-inf
+# and -0, and how the reference, the kernels and the export compute it. They are exactly
+# the GPU expression IR's functions (apsat/backends/gpu/expr.py).
+FUNCTIONS = {name: p.arity for name, p in PRIMITIVES.items()}
+FUNCTION_FLOPS = {name: p.flops for name, p in PRIMITIVES.items()}
+# A select costs one. An operator's FLOP figure is the sum over its formula (`flops`).
 SELECT_FLOPS = 1
 CONDITIONS = ("nz", "ge")
 SQRT2 = math.sqrt(2.0)

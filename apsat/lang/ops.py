@@ -59,9 +59,13 @@ def _hard_sigmoid(x, alpha, beta):
 
 def _floor_mod(a, b):
     """a - floor(a / b) * b, exactly: C's fmod r (the sign of a), plus b where r is not 0
-    and r and b differ in sign (numpy's and onnxruntime's float mod)."""
+    and r and b differ in sign (numpy's and onnxruntime's float mod); a zero has b's sign."""
     r = fmod(a, b)
-    return select(nz(r), select(r >= 0.0, select(b >= 0.0, r, r + b), select(b >= 0.0, r + b, r)), r)
+    # a zero remainder takes the divisor's sign (mod(0, -3) = -0, mod(-0, 3) = +0), as numpy's
+    # and onnxruntime's; -|r|, not a literal -0.0, which equals 0.0 as a formula node
+    zero = absolute(r)
+    return select(nz(r), select(r >= 0.0, select(b >= 0.0, r, r + b), select(b >= 0.0, r + b, r)),
+                  select(b >= 0.0, zero, neg(zero)))
 
 
 OPS: dict[str, OpSpec] = {s.name: s for s in [
@@ -146,7 +150,8 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
                 flops_in=1, evaluate=sem.reduce_max),
     ComputeSpec("reduce-mean", (), "reduction", "Mean of the item.",
                 ("ReduceMean", "AveragePool", "GlobalAveragePool"), flops_in=1, evaluate=sem.reduce_mean),
-    ComputeSpec("relu", (), "map", "max(x, 0).", ("Relu",), scalar=maximum(X, 0.0), activation=True, onnx_out="Relu"),
+    ComputeSpec("relu", (), "map", "max(0, x): NaN stays NaN, relu(-0) = -0 (Max's tie rule).",
+                ("Relu",), scalar=maximum(0.0, X), activation=True, onnx_out="Relu"),
     ComputeSpec("negative", (), "map", "-x.", ("Neg",), scalar=neg(X), onnx_out="Neg"),
     ComputeSpec("sqrt", (), "map", "Square root.", ("Sqrt", "BatchNormalization"), scalar=sqrt(X),
                 egg="sqrt-op", onnx_out="Sqrt"),   # egglog 13.2 has an f64 primitive `sqrt` already
@@ -155,8 +160,8 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
     ComputeSpec("erf", (), "map", "Gauss error function.", ("Erf",), scalar=erf(X), onnx_out="Erf"),
     ComputeSpec("tanh", (), "map", "Hyperbolic tangent.", ("Tanh",), scalar=tanh(X), activation=True, onnx_out="Tanh"),
     ComputeSpec("sigmoid", (), "map", "1 / (1 + e**-x).", ("Sigmoid",), scalar=sigmoid(X), activation=True, onnx_out="Sigmoid"),
-    ComputeSpec("clip", ("float", "float"), "map", "min(max(x, lo), hi).", ("Clip",),
-                scalar=minimum(maximum(X, param(0)), param(1)), activation=True, evaluate=sem.clip, onnx_out="Clip +"),
+    ComputeSpec("clip", ("float", "float"), "map", "min(hi, max(lo, x)): NaN stays NaN, -0 stays -0.",
+                ("Clip",), scalar=minimum(param(1), maximum(param(0), X)), activation=True, evaluate=sem.clip, onnx_out="Clip +"),
     ComputeSpec("softmax", (), "item", "Softmax over all item dims.", ("Softmax",), flops_out=6,
                 evaluate=sem.softmax),
     ComputeSpec("layer-norm", ("float",), "item",
@@ -180,9 +185,11 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
     ComputeSpec("select", (), "nary", "item[1] where item[0] != 0 else item[2].", ("Where",),
                 scalar=select(nz(X0), X1, X2), arity=3, onnx_out="Where"),
     ComputeSpec("gelu", (), "map",
-                "Exact (erf) GELU, elementwise: x * (erf(x / sqrt 2) + 1) * 0.5 in float32; also "
-                "built by the fusion rules from the Div/Erf/Add/Mul pattern exporters write.",
-                ("Gelu",), scalar=X * (erf(X / SQRT2) + 1.0) * 0.5, activation=True, onnx_out="Gelu"),
+                "Exact (erf) GELU, elementwise: x * ((erf(x / sqrt 2) + 1) * 0.5) in float32 (the "
+                "same rounding as (x * (erf + 1)) * 0.5, halving being exact, without its overflow "
+                "at |x| > 1.7e38); also built by the fusion rules from the Div/Erf/Add/Mul pattern "
+                "exporters write.",
+                ("Gelu",), scalar=X * ((erf(X / SQRT2) + 1.0) * 0.5), activation=True, onnx_out="Gelu"),
     # ONNX element-wise ops. Booleans are float32 0.0/1.0 and read as nonzero = true;
     # comparisons are NaN-false like onnxruntime's (two >= conditions where one cannot say it).
     ComputeSpec("gelu-tanh", (), "map",

@@ -30,10 +30,10 @@ from numpy.lib.stride_tricks import as_strided
 
 from apsat.errors import ApsatError
 from apsat.lang import formula as fm
+from apsat.lang.primitives import PRIMITIVES
 
 # Elements a lazy value may have when something forces it to be built (1 GiB of float32).
 MATERIALISE_LIMIT = 2 ** 28
-_ERF_CHUNK = 1 << 16  # math.erf runs through Python objects: chunk to bound their memory
 
 
 class EvaluationError(ApsatError, ValueError):
@@ -211,7 +211,8 @@ def reduce_max(x, n_iter, params):
 
 
 def clip(x, n_iter, params):
-    """np.clip, which keeps the sign of a zero its formula min(max(x, lo), hi) may not."""
+    """np.clip: its formula min(hi, max(lo, x)) in one pass (NaN stays NaN, clip(-0, 0, hi)
+    is -0, as onnxruntime's Clip)."""
     return np.clip(x, np.float32(params[0]), np.float32(params[1]))
 
 
@@ -266,32 +267,8 @@ def chain(x, n_iter, params):
 
 # ---- element-wise operators: their formulas (apsat/lang/formula.py) in numpy -------------------
 
-def _erf(x):
-    """Gauss error function, math.erf in float64 (exact to double precision), chunked
-    because np.frompyfunc makes one Python float per element."""
-    flat = np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
-    out = np.empty(flat.shape, dtype=np.float32)
-    f = np.frompyfunc(math.erf, 1, 1)
-    for lo in range(0, flat.size, _ERF_CHUNK):
-        out[lo: lo + _ERF_CHUNK] = f(flat[lo: lo + _ERF_CHUNK]).astype(np.float64)
-    return out.reshape(np.shape(x))
-
-
-def _sigmoid(x):
-    """1 / (1 + e**-x) without overflow: uses e**-|x| on both sides of 0."""
-    z = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + z), z / (1 + z)).astype(np.float32)
-
-
-# Each formula function in float32 numpy (formula.FUNCTIONS).
-NUMPY_FUNCTIONS = {
-    "neg": np.negative, "sqrt": np.sqrt, "exp": np.exp, "erf": _erf, "tanh": np.tanh,
-    "sigmoid": _sigmoid, "abs": np.abs, "log": np.log, "log1p": np.log1p,
-    "recip": lambda x: np.float32(1) / x, "floor": np.floor, "ceil": np.ceil, "cos": np.cos,
-    "sin": np.sin,
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
-    "max": np.maximum, "min": np.minimum, "fmod": np.fmod,
-}
+# Each formula function in float32 numpy: its table's reading (apsat/lang/primitives.py).
+NUMPY_FUNCTIONS = {name: p.numpy for name, p in PRIMITIVES.items()}
 NUMPY = fm.Reading(
     const=np.float32,
     call=lambda fn, *xs: NUMPY_FUNCTIONS[fn](*xs),

@@ -70,8 +70,7 @@ class CudaDialect(Dialect):
 
     def call(self, fn, a, nodes=()):
         table = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
-                 "div": "({0} / {1})", "neg": "(-{0})", "max": "fmaxf({0}, {1})",
-                 "min": "fminf({0}, {1})", "sqrt": "sqrtf({0})", "exp": "expf({0})",
+                 "div": "({0} / {1})", "neg": "(-{0})", "sqrt": "sqrtf({0})", "exp": "expf({0})",
                  "erf": "erff({0})", "tanh": "tanhf({0})",
                  "sigmoid": "(1.0f / (1.0f + expf(-({0}))))", "abs": "fabsf({0})",
                  "log": "logf({0})", "log1p": "log1pf({0})", "recip": "(1.0f / {0})",

@@ -36,6 +36,7 @@ the registry's scalar formulas (apsat/lang/formula.py), which views.py translate
 from __future__ import annotations
 
 from apsat.lang.formula import FUNCTIONS
+from apsat.lang.primitives import PRIMITIVES
 
 # The functions: exactly the registry formulas' (apsat/lang/formula.py FUNCTIONS).
 UNARY = frozenset(fn for fn, n in FUNCTIONS.items() if n == 1)
@@ -239,12 +240,35 @@ def fconst(v: float) -> tuple:
 
 def call(fn: str, *args) -> tuple:
     """fn applied to values; folded to a constant when every argument is one (so no
-    generated code applies a function to two literals, which Triton would refuse)."""
+    generated code applies a function to two literals, which Triton would refuse). A
+    function whose table entry has a `kernel` definition (max, min: apsat/lang/primitives.py)
+    is built from that definition's comparisons and selects, so no dialect writes it with
+    an instruction that drops NaN."""
     if fn not in UNARY and fn not in BINARY:
         raise ValueError(f"unknown kernel function {fn!r}")
     if all(a[0] == "const" for a in args):
         return fconst(_fold(fn, [a[1] for a in args]))
+    definition = PRIMITIVES[fn].kernel
+    if definition is not None:
+        return _define(definition, args)
     return ("call", fn) + tuple(args)
+
+
+def _define(node, args):
+    """The value of a primitive's definition (a formula node over ("arg", i), ge and
+    select) with its operands bound to `args`."""
+    tag = node[0]
+    if tag == "arg":
+        return args[node[1]]
+    if tag == "const":
+        return fconst(node[1])
+    if tag == "ge":
+        return vge(_define(node[1], args), _define(node[2], args))
+    if tag == "select":
+        return where(_define(node[1], args), _define(node[2], args), _define(node[3], args))
+    if tag == "call":
+        return call(node[1], *(_define(n, args) for n in node[2:]))
+    raise ValueError(f"kernel definition: unexpected node {tag!r}")
 
 
 def _fold(fn: str, xs: list[float]) -> float:

@@ -35,6 +35,7 @@ from apsat.backends.gpu.tiling import attention_pad
 from apsat.backends.gpu.triton_norms import gemm_row_stats, norm_rows
 
 IDENTITY = {"sum": "0.0", "mean": "0.0", "max": 'float("-inf")'}
+CALL_HELPERS = ("tanh", "log1p", "fmod", "pow")    # functions written as a helper of HELPERS
 
 
 class TritonDialect(Dialect):
@@ -67,14 +68,15 @@ class TritonDialect(Dialect):
             self.helpers.add("powc")
             return f"_powc({a[0]}, {a[1]}, {integral}, {integral and int(e) % 2 == 1})"
         simple = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
-                  "div": "({0} / {1})", "neg": "(-{0})", "max": "tl.maximum({0}, {1})",
-                  "min": "tl.minimum({0}, {1})", "sqrt": "tl.sqrt_rn({0})", "exp": "tl.exp({0})",
+                  "div": "({0} / {1})", "neg": "(-{0})", "sqrt": "tl.sqrt_rn({0})", "exp": "tl.exp({0})",
                   "erf": "tl.math.erf({0})", "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))",
                   "abs": "tl.abs({0})",
                   "log": "tl.log({0})", "recip": "(1.0 / {0})", "floor": "tl.floor({0})",
                   "ceil": "tl.ceil({0})", "cos": "tl.cos({0})", "sin": "tl.sin({0})"}
         if fn in simple:
             return simple[fn].format(*a)
+        if fn not in CALL_HELPERS:   # max, min: expr.call builds them from their definitions
+            raise ValueError(f"Triton has no spelling of {fn!r}")
         self.helpers.add(fn)       # tanh, log1p, fmod, pow: not in the interpreter's tl.math
         return f"_{fn}({', '.join(a)})"
 
@@ -102,9 +104,10 @@ def _max(a, b):
     "tanh": '''@triton.jit
 def _tanh(x):
     # tanh from exp(-2|x|): no overflow; absolute error ~1e-7 near 0
+    # x itself at +-0 (tanh(-0) = -0) and NaN
     t = tl.exp(-2.0 * tl.abs(x))
     y = (1.0 - t) / (1.0 + t)
-    return tl.where(x < 0, -y, y)
+    return tl.where(x < 0, -y, tl.where(x > 0, y, x))
 ''',
     "log1p": '''@triton.jit
 def _log1p(x):
@@ -129,24 +132,31 @@ def _fmod(a, b):
 ''',
     "powc": '''@triton.jit
 def _powc(a, b: tl.constexpr, INTEGRAL: tl.constexpr, ODD: tl.constexpr):
-    # a ** b for a literal b (not 0, 0.5, 1, 2, 3: those are multiplications or sqrt)
+    # a ** b for a literal b (not 0, 0.5, 1, 2, 3: those are multiplications or sqrt), as
+    # C's powf: the sign from a's sign bit (-0 and -inf too) for an odd b, NaN for a finite
+    # negative a and a non-integer b
     r = tl.math.exp2(b * tl.math.log2(tl.abs(a)))
     if ODD:
-        r = tl.where(a < 0, -r, r)
+        r = tl.where(tl.where(a == 0.0, 1.0 / a, a) < 0.0, -r, r)
     if not INTEGRAL:
-        r = tl.where(a < 0, float("nan"), r)
-    return r
+        r = tl.where(a < 0, tl.where(a == float("-inf"), r, float("nan")), r)
+    return tl.where(tl.abs(a) == 1.0, tl.where(a == 1.0, 1.0, r), r)
 ''',
     "pow": '''@triton.jit
 def _pow(a, b):
-    # a ** b as numpy's float32 power: sign for odd integer exponents, nan for a negative
-    # base with a fractional one, 1 for b == 0
-    a = a + tl.full(b.shape, 0.0, tl.float32)
+    # C's powf (onnxruntime's Pow): |a| ** b as exp2(b * log2|a|); the sign from a's sign
+    # bit (-0 and -inf too) for an odd integer b; NaN for a finite negative a and a
+    # non-integer b; 1 for pow(a, 0), pow(1, b) and pow(-1, +-inf), where the exp2 form
+    # meets 0 * inf or NaN
+    a, b = tl.broadcast(a, b)
     r = tl.math.exp2(b * tl.math.log2(tl.abs(a)))
     bi = tl.math.floor(b)
     odd = (bi == b) & ((bi - 2.0 * tl.math.floor(bi * 0.5)) == 1.0)
-    r = tl.where((a < 0) & odd, -r, r)
-    r = tl.where((a < 0) & (bi != b), float("nan"), r)
+    r = tl.where((tl.where(a == 0.0, 1.0 / a, a) < 0.0) & odd, -r, r)
+    r = tl.where((a < 0.0) & (a > float("-inf")) & (bi != b), float("nan"), r)
+    r = tl.where(tl.abs(a) == 1.0, tl.where(tl.abs(b) == float("inf"), 1.0, r), r)
+    r = tl.where(a == 1.0, 1.0, r)
+    r = tl.where(b == 1.0, a, r)     # exactly a (exp2 of a rounded log2 is not, near the range's end)
     return tl.where(b == 0.0, 1.0, r)
 ''',
 }

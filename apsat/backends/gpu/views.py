@@ -285,8 +285,8 @@ def pow_value(a, b):
             return call("mul", a, a)
         if e == 3.0:
             return call("mul", call("mul", a, a), a)
-        if e == 0.5:
-            return call("sqrt", a)
+        if e == 0.5:       # powf's edges: pow(-inf, 0.5) = inf, pow(-0, 0.5) = +0
+            return where(vge(fconst(-math.inf), a), fconst(math.inf), call("add", call("sqrt", a), fconst(0.0)))
         if e == -1.0:
             return call("div", fconst(1.0), a)
     return call("pow", a, b)

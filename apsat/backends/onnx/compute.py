@@ -19,14 +19,10 @@ from apsat.backends.onnx.graph import Builder, Val, in_layout, physical
 from apsat.backends.onnx.views import ExportError, Pair, as_val, slice_axis, squeeze, _common_order
 from apsat.lang import formula as fm
 from apsat.lang.ops import COMPUTE_OPS, chain_parts
+from apsat.lang.primitives import PRIMITIVES
 
 OPSET = 23     # the default domain's version every export imports (Attention is opset 23)
 
-# The formula's primitive functions as ONNX ops (log1p and conditions are built below).
-FUNCTION_OPS = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "max": "Max",
-                "min": "Min", "neg": "Neg", "sqrt": "Sqrt", "exp": "Exp", "erf": "Erf", "tanh": "Tanh",
-                "sigmoid": "Sigmoid", "abs": "Abs", "log": "Log", "recip": "Reciprocal",
-                "floor": "Floor", "ceil": "Ceil", "cos": "Cos", "sin": "Sin"}
 REDUCE_OPS = {"reduce-sum": "ReduceSum", "reduce-max": "ReduceMax", "reduce-mean": "ReduceMean"}
 
 
@@ -143,11 +139,13 @@ def _typed(b: Builder, op_type: str, inputs: list, attrs: dict) -> str:
 
 
 def _call(b: Builder, fn: str, xs) -> str:
-    if fn == "log1p":
+    """A formula's primitive function as the ONNX op its table entry names
+    (apsat/lang/primitives.py); log1p, which ONNX lacks, as Log(1 + x)."""
+    spelling = PRIMITIVES[fn].onnx
+    if spelling is None:
         return b.op("Log", [b.op("Add", [xs[0], b.const(np.float32(1.0))])])
-    if fn == "fmod":
-        return b.op("Mod", list(xs), fmod=1)
-    return b.op(FUNCTION_OPS[fn], list(xs))
+    op_type, *words = spelling.split()
+    return b.op(op_type, list(xs), **{k: _literal(v) for k, v in (w.split("=") for w in words)})
 
 
 def _compare(b: Builder, kind: str, xs) -> str:
