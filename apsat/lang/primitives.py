@@ -121,7 +121,7 @@ PRIMITIVES: dict[str, Primitive] = {p.name: p for p in [
     Primitive("exp", 1, 4, np.exp, "Exp", "exp(-inf) = 0, exp(inf) = inf, overflow to inf past ~88.7."),
     Primitive("erf", 1, 8, _erf, "Erf", "erf(+-inf) = +-1, erf(-0) = -0."),
     Primitive("tanh", 1, 8, np.tanh, "Tanh", "tanh(+-inf) = +-1, tanh(-0) = -0."),
-    Primitive("sigmoid", 1, 6, _sigmoid, "Sigmoid", "sigmoid(-inf) = 0, sigmoid(inf) = 1, never overflows."),
+    Primitive("sigmoid", 1, 6, _sigmoid, "Sigmoid", "sigmoid(-inf) = 0, sigmoid(inf) = 1; results below ~1e-38 may flush to 0."),
     Primitive("abs", 1, 1, np.abs, "Abs", "|x|: abs(-0) = +0, abs(-inf) = inf."),
     Primitive("log", 1, 4, np.log, "Log", "log(+-0) = -inf, log(x < 0) = NaN, log(inf) = inf."),
     Primitive("log1p", 1, 6, np.log1p, None,
