@@ -122,7 +122,8 @@ def _options(command: str) -> set[str]:
 
 
 def test_optimize_and_zoo_take_the_same_flags_with_the_same_defaults():
-    batch = {"--jobs", "--model-timeout", "--max-memory", "--force", "--executor", "--scheduler"}
+    batch = {"--jobs", "--model-timeout", "--max-memory", "--force", "--executor", "--scheduler",
+             "--security", "--insecure"}
     assert _options("optimize") - {"--inputs"} == _options("zoo") - batch    # zoo's own: how the batch runs
     assert {"--no-verify", "--compile", "--no-compile", "--rule-file", "--iter-limit", "--node-limit",
             "--time-limit", "--memory-limit", "--no-check-rules"} <= _options("zoo")

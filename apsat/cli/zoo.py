@@ -2,8 +2,11 @@
 
 Models run on `--jobs` local worker processes (or a Dask cluster, `--executor dask`), each
 under `--model-timeout` and `--max-memory`; a crash, hang or out-of-memory is that model's
-failure row and the others go on. Results are stored under a content key in the output
-directory and reused by a later run with the same inputs (`--force` redoes them). A live
+failure row and the others go on. A Dask scheduler is reached over tls:// with
+`--security FILE` (or Dask's TLS settings); a plain tcp:// one off this machine only with
+`--insecure`. Results are stored under a content key in the output directory (inputs,
+options and apsat's own source) and reused by a later run with the same inputs (`--force`
+redoes them). A live
 view shows the workers; the summary table, one line per failure and `index.html` (the
 report a person reads) follow.
 """
@@ -32,8 +35,15 @@ def zoo_options(p) -> None:
                    help="also write each optimised program as ONNX, OUT/MODEL/optimized.onnx")
     p.add_argument("--executor", choices=("local", "dask"), default="local",
                    help="local worker processes (default) or a Dask distributed cluster")
-    p.add_argument("--scheduler", metavar="tcp://HOST:PORT",
-                   help="with --executor dask: the scheduler's address (default: a local cluster of --jobs workers)")
+    p.add_argument("--scheduler", metavar="tls://HOST:PORT",
+                   help="with --executor dask: the scheduler's address (default: a local cluster of --jobs workers); "
+                        "tcp:// only on this machine unless --insecure")
+    p.add_argument("--security", metavar="FILE",
+                   help="with --executor dask: YAML or JSON naming the TLS files ca_file, cert and key for a "
+                        "tls:// scheduler (default: Dask's distributed.comm.tls settings)")
+    p.add_argument("--insecure", action="store_true",
+                   help="with --executor dask: allow a plain tcp:// scheduler off this machine (anyone who "
+                        "reaches its port can run code on the cluster)")
 
 
 def zoo_tasks(args, optimize_keywords, shapes_for) -> list:
@@ -75,6 +85,7 @@ def run_zoo(args, tasks, console) -> list[dict]:
 
     if args.jobs < 1:
         raise ApsatError("--jobs must be at least 1")
+    dask = _dask_access(args) if args.executor == "dask" else {}
     store = ResultStore(args.out)
     view = BatchProgress(len(tasks), args.jobs)
     limits = {"timeout": args.model_timeout, "store": store, "force": args.force, "on_event": view.on_event}
@@ -82,10 +93,23 @@ def run_zoo(args, tasks, console) -> list[dict]:
         if args.executor == "dask":      # no --scheduler: a local cluster of --jobs workers
             from apsat.pipeline.batch_dask import run_dask
 
-            return run_dask(tasks, args.scheduler, jobs=args.jobs, max_memory_mib=args.max_memory, **limits)
+            return run_dask(tasks, args.scheduler, jobs=args.jobs, max_memory_mib=args.max_memory,
+                            **dask, **limits)
         from apsat.pipeline.batch import run_local
 
         return run_local(tasks, jobs=args.jobs, max_memory_mib=args.max_memory, **limits)
+
+
+def _dask_access(args) -> dict:
+    """run_dask's `security` and `insecure` from --security and --insecure, the scheduler
+    address checked before the live view starts (apsat.pipeline.batch_dask.check_scheduler);
+    ApsatError, one line, for a bad security file or a refused address."""
+    from apsat.pipeline.batch_dask import check_scheduler, load_security
+
+    security = load_security(args.security) if args.security else None
+    if args.scheduler:
+        check_scheduler(args.scheduler, security, args.insecure)
+    return {"security": security, "insecure": args.insecure}
 
 
 def report_zoo(rows: list[dict], args, console, wall_seconds: float = 0.0) -> int:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from apsat.pipeline.outcome import compile_failures, failed
-from apsat.pipeline.store import ResultStore, content_key
+from apsat.pipeline.store import ResultStore, content_key, same_source, source_digest
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_MAX_MEMORY_MIB = 8192
@@ -71,13 +71,14 @@ class Task:
 def run_task(task: Task, tell=None) -> dict:
     """Optimise one model here; write its report directory (into a temporary directory
     renamed into place, so it is whole or absent); return its summary row: "status" ok,
-    mismatch or error, with "error" and the report's figures. `tell(phase)` hears each
-    phase as it starts."""
-    from apsat.errors import ApsatError
+    mismatch or error, with "error" and the report's figures, and "source_digest": the
+    apsat source that computed it (the caller stores only results of its own: same_source).
+    `tell(phase)` hears each phase as it starts."""
+    start = time.perf_counter()
+    row = {"model": task.name, "path": task.path, "target": task.target, "source_digest": source_digest()}
+    from apsat.errors import ApsatError     # after the digest: these imports read the source it names
     from apsat.pipeline.optimize import optimize
 
-    start = time.perf_counter()
-    row = {"model": task.name, "path": task.path, "target": task.target}
     try:
         source = task.path
         if task.randomize:
@@ -165,8 +166,9 @@ def run_local(tasks: list[Task], jobs: int = 1, timeout: float = DEFAULT_TIMEOUT
               max_memory_mib: float = DEFAULT_MAX_MEMORY_MIB, store: ResultStore | None = None,
               force: bool = False, on_event=None) -> list[dict]:
     """Run `tasks` on `jobs` worker processes; one summary row per task, in task order.
-    Tasks whose key `store` has are reused (status "reused") unless `force`. A model over
-    `timeout` seconds or `max_memory_mib` of resident memory is killed and fails with that
+    Tasks whose key `store` has are reused (status "reused") unless `force`; a finished
+    result is stored only when computed by this process's apsat source (same_source). A
+    model over `timeout` seconds or `max_memory_mib` of resident memory is killed and fails with that
     reason; so does a worker that dies. `on_event(kind, row_or_name, detail)` hears
     "start" (name, the worker's pid), "phase" (name, phase), "done" (row) and "reused"
     (row) events, for a progress view. KeyboardInterrupt
@@ -202,7 +204,7 @@ def run_local(tasks: list[Task], jobs: int = 1, timeout: float = DEFAULT_TIMEOUT
                     del running[name]
                     rows[name] = row
                     key = keys.get(name) if row["status"] in ("ok", "mismatch") else None
-                    if key is not None:
+                    if key is not None and same_source(row):
                         store.save(key, {"row": row, "task": _jsonable(asdict(run.task))})
                     _emit(on_event, "done", row, None)
             time.sleep(POLL_S)
