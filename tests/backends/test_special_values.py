@@ -375,3 +375,56 @@ def test_cuda_c_scalar_code_equals_onnxruntime(results, tmp_path):
         except AssertionError as e:
             failures.append(str(e))
     assert not failures, "\n".join(failures)
+
+
+# ---- maxima over many elements ------------------------------------------------------------------
+
+def _max_reductions_model():
+    """ReduceMax over a long last axis (a row reduction kernel) and a padded 3x3 MaxPool
+    (unrolled in its consumer) followed by Softmax over rows (whose stabilising row max is
+    the same reduction)."""
+    nodes = [_node("ReduceMax", ["x", "axes"], "y_reduce", keepdims=0),
+             _node("MaxPool", ["img"], "y_pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             _node("Softmax", ["x"], "y_softmax", axis=-1)]
+    return models.make_model(nodes, {"x": (6, 300), "img": (1, 2, 6, 7)}, ["y_reduce", "y_pool", "y_softmax"],
+                             {"axes": np.array([-1], np.int64)}, opset=18)
+
+
+def _with_specials(shape, seed):
+    """N(0, 1) values with NaN in some rows, +-inf in others, a -0 maximum in one."""
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    flat = x.reshape(shape[0] if len(shape) == 2 else -1, -1) if len(shape) == 2 else x.reshape(-1)
+    if len(shape) == 2:
+        flat[0, 7] = np.nan
+        flat[1, 150] = np.inf
+        flat[2, 299] = -np.inf
+        flat[3, :] = -np.abs(flat[3, :]) - 1.0
+        flat[3, 5] = -0.0
+        flat[4, [3, 200]] = [np.nan, np.inf]
+    else:
+        flat[[3, 40, 60]] = [np.nan, np.inf, -np.inf]
+    return x
+
+
+def test_maxima_propagate_nan_in_every_backend():
+    """The reference's maxima over many elements propagate NaN (numpy's maximum, the
+    primitive table's max); the Triton reduction and pooling kernels and the systolic
+    simulator equal them. onnxruntime is no oracle here: its ReduceMax and MaxPool skip or
+    mangle NaN (docs/special-values.md), so the reference is."""
+    pytest.importorskip("torch", reason="the GPU backend needs torch (pip install apsat[gpu])")
+    from apsat.backends import systolic
+    from apsat.backends.gpu.runner import run_kernels
+
+    proto = _max_reductions_model()
+    inputs = {"x": _with_specials((6, 300), 1), "img": _with_specials((1, 2, 6, 7), 2)}
+    model = apsat.load_onnx(proto)
+    tensors = {**model.weights, **inputs}
+    want = evaluate(model.program, tensors)
+    assert np.isnan(want["y_reduce"][[0, 4]]).all() and want["y_reduce"][1] == np.inf
+    gpu = apsat.optimize(model, target="gpu", verify=False)
+    got = run_kernels(gpu.program, tensors)
+    sys = apsat.optimize(model, target="systolic:32x32", verify=False)
+    simulated = systolic.simulate(systolic.compile(sys.program, "systolic:32x32", weights=model.weights), tensors)
+    for name, value in want.items():
+        assert_same_values(got[name], value, f"triton {name}")
+        assert_same_values(simulated[name], value, f"systolic {name}")

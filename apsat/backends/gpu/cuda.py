@@ -111,8 +111,13 @@ WARP_REDUCE = '''__device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// the larger, NaN from either side (fmaxf drops NaN), as the reference's maximum
+__device__ __forceinline__ float max_nan(float a, float b) {
+  return (a > b || a != a) ? a : b;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 '''
@@ -239,13 +244,13 @@ def _reduce(k: Kernel):
     if op in ("sum", "mean", "max"):
         ident = d.const(-math.inf) if op == "max" else "0.0f"
         lines.append(f"float part = {ident};")
-        lines += chunk("a", ["part = fmaxf(part, x);" if op == "max" else "part += x;"])
+        lines += chunk("a", ["part = max_nan(part, x);" if op == "max" else "part += x;"])
         red = "warp_max(part)" if op == "max" else "warp_sum(part)"
         lines.append(f"const float acc = {red}" + (" / (float)COLS;" if op == "mean" else ";"))
         lines += ["if (lane == 0) {"] + _indent(finish("acc")) + ["}"]
     elif op == "softmax":
         lines.append(f"float part = {d.const(-math.inf)};")
-        lines += chunk("a", ["part = fmaxf(part, x);"])
+        lines += chunk("a", ["part = max_nan(part, x);"])
         lines += ["const float mx = warp_max(part);", "part = 0.0f;"]
         lines += chunk("b", ["part += expf(x - mx);"])
         lines.append("const float total = warp_sum(part);")

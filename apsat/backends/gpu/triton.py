@@ -99,7 +99,8 @@ def _add(a, b):
 ''',
     "max": '''@triton.jit
 def _max(a, b):
-    return tl.maximum(a, b)
+    # NaN from either side, as the reference's maximum (tl.maximum drops it)
+    return tl.where(a > b, a, tl.where(a != a, a, b))
 ''',
     "tanh": '''@triton.jit
 def _tanh(x):
@@ -305,7 +306,7 @@ def _reduce(k: Kernel):
     op = k.op
     if op in ("sum", "mean", "max"):
         ident = IDENTITY[op]
-        comb = "tl.maximum(part, x)" if op == "max" else "part + x"
+        comb = "_max(part, x)" if op == "max" else "part + x"
         lines.append(f"part = tl.full((BR, BC), {ident}, tl.float32)")
         lines += chunk("a", [f"x = tl.where(mask, x, {ident})", f"part = {comb}"])
         red = "tl.reduce(part, 1, _max)" if op == "max" else "tl.reduce(part, 1, _add)"
@@ -314,7 +315,7 @@ def _reduce(k: Kernel):
         lines += finish({"acc": "acc"}, "row_mask")
     elif op == "softmax":
         lines.append('part = tl.full((BR, BC), float("-inf"), tl.float32)')
-        lines += chunk("a", ['part = tl.maximum(part, tl.where(mask, x, float("-inf")))'])
+        lines += chunk("a", ['part = _max(part, tl.where(mask, x, float("-inf")))'])
         d.helpers.update({"max", "sum"})
         lines.append("mx = tl.reduce(part, 1, _max)[:, None]")
         lines.append("part = tl.full((BR, BC), 0.0, tl.float32)")
