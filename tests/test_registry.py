@@ -253,9 +253,9 @@ def test_operator_parameter_kinds_are_known():
 @pytest.mark.parametrize("fn", sorted(fm.FUNCTIONS))
 def test_gpu_renders_every_formula_function(fn):
     """The registry formulas' functions are the GPU expression IR's. Both dialects write
-    each (Triton through a helper of its own where tl has none), except a function the
-    primitive table defines for kernels (max, min): the IR builds it from comparisons and
-    selects, and no dialect may spell it with an instruction of its own."""
+    each (Triton through a helper of its own where tl has none); a function the primitive
+    table defines for kernels (max, min) each writes as a function of that definition's
+    comparisons and selects, never with an instruction of its own."""
     from apsat.backends.gpu import expr
     from apsat.backends.gpu.cuda import CudaDialect
     from apsat.backends.gpu.triton import HELPERS, TritonDialect
@@ -265,13 +265,13 @@ def test_gpu_renders_every_formula_function(fn):
     args = ["a", "b"][: fm.FUNCTIONS[fn]]
     triton = TritonDialect("mask")
     if PRIMITIVES[fn].kernel is not None:
-        operands = [("load", n, expr.var("i", 4), ()) for n in args]
-        built = expr.call(fn, *operands)
-        assert built[0] == "where" and all(v[0] != "call" for v in expr.value_nodes(built)), built
-        with pytest.raises(ValueError):
-            triton.call(fn, args)
-        with pytest.raises(KeyError):
-            CudaDialect().call(fn, args)
+        # both dialects call a function written from the table's definition, never
+        # tl.maximum / fmaxf (which drop NaN)
+        from apsat.backends.gpu.cuda import DEVICE_FUNCTIONS
+
+        assert triton.call(fn, args) == f"_{fn}(a, b)" and "tl.where" in HELPERS[fn]
+        assert CudaDialect().call(fn, args) == f"apsat_{fn}(a, b)" and f"float apsat_{fn}(" in DEVICE_FUNCTIONS
+        assert "maximum" not in HELPERS[fn] and "fmaxf" not in DEVICE_FUNCTIONS
         return
     assert triton.call(fn, args) and triton.helpers <= set(HELPERS), f"{fn}: Triton helper missing"
     try:

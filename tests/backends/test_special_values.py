@@ -300,8 +300,10 @@ def test_special_values_equal_onnxruntime(results, group, backend):
 
 HOST_PRELUDE = """#include <math.h>
 #include <string.h>
-// the CUDA intrinsic the dialect writes infinities and NaN with
+// the CUDA intrinsic the dialect writes infinities and NaN with, and its function qualifiers
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
+#define __device__
+#define __forceinline__ static inline
 """
 
 
@@ -321,7 +323,9 @@ def _cuda_scalar(op: str, params: tuple, n_operands: int) -> tuple[list[str], st
 def _host_library(tmp_path, functions: dict):
     """Compile {name: (n_operands, lines, result)} as one shared library of
     `void name(const float* X0, ..., float* Y, int n)`; returns the loaded library."""
-    src = [HOST_PRELUDE]
+    from apsat.backends.gpu.cuda import DEVICE_FUNCTIONS
+
+    src = [HOST_PRELUDE, DEVICE_FUNCTIONS]
     for name, (n, lines, result) in functions.items():
         args = ", ".join([f"const float* X{i}" for i in range(n)] + ["float* Y", "int n"])
         loads = " ".join(f"const float x{i} = X{i}[i];" for i in range(n))

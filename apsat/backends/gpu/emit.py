@@ -140,3 +140,14 @@ def used_vars(*items) -> set:
             elif v[0] == "where" and v[1][0] in ("ge", "lt"):
                 out |= v[1][1].deps()
     return out
+
+
+def defined_body(dialect: Dialect, fn: str) -> tuple[list[str], str]:
+    """(statements, result text) of primitive `fn`'s kernel definition (expr.defined) over
+    operands named a, b: the body of the function a dialect writes for it."""
+    from apsat.backends.gpu.expr import defined
+    from apsat.lang.formula import FUNCTIONS
+
+    names = ["a", "b"][: FUNCTIONS[fn]]
+    lines, texts = emit(dialect, {"y": defined(fn, [("sym", n) for n in names])}, {n: n for n in names}, "t")
+    return lines, texts["y"]

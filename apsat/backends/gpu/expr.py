@@ -240,23 +240,28 @@ def fconst(v: float) -> tuple:
 
 def call(fn: str, *args) -> tuple:
     """fn applied to values; folded to a constant when every argument is one (so no
-    generated code applies a function to two literals, which Triton would refuse). A
-    function whose table entry has a `kernel` definition (max, min: apsat/lang/primitives.py)
-    is built from that definition's comparisons and selects, so no dialect writes it with
-    an instruction that drops NaN."""
+    generated code applies a function to two literals, which Triton would refuse)."""
     if fn not in UNARY and fn not in BINARY:
         raise ValueError(f"unknown kernel function {fn!r}")
     if all(a[0] == "const" for a in args):
         return fconst(_fold(fn, [a[1] for a in args]))
-    definition = PRIMITIVES[fn].kernel
-    if definition is not None:
-        return _define(definition, args)
     return ("call", fn) + tuple(args)
 
 
+DEFINED = frozenset(fn for fn, p in PRIMITIVES.items() if p.kernel is not None)
+
+
+def defined(fn: str, args) -> tuple:
+    """The value of primitive `fn`'s kernel definition (apsat/lang/primitives.py: max and
+    min from comparisons and selects, as ONNX defines them at NaN and -0) with its operands
+    bound to the values `args`. Each dialect writes it once, as a function of its own
+    (triton.HELPERS, cuda.DEVICE_FUNCTIONS), which kernels call: expanding it in place
+    would repeat an operand in three places, and a chain of maxima (a max pool's taps)
+    would grow threefold with every tap."""
+    return _define(PRIMITIVES[fn].kernel, tuple(args))
+
+
 def _define(node, args):
-    """The value of a primitive's definition (a formula node over ("arg", i), ge and
-    select) with its operands bound to `args`."""
     tag = node[0]
     if tag == "arg":
         return args[node[1]]

@@ -27,9 +27,9 @@ import math
 
 import numpy as np
 
-from apsat.backends.gpu.emit import Dialect, axis_defs, emit, used_vars
+from apsat.backends.gpu.emit import Dialect, axis_defs, defined_body, emit, used_vars
 from apsat.backends.gpu.emit import indent as _indent
-from apsat.backends.gpu.expr import var
+from apsat.backends.gpu.expr import DEFINED, var
 from apsat.backends.gpu.graph import Kernel
 from apsat.backends.gpu.tiling import attention_pad
 from apsat.backends.gpu.triton_norms import gemm_row_stats, norm_rows
@@ -75,9 +75,11 @@ class TritonDialect(Dialect):
                   "ceil": "tl.ceil({0})", "cos": "tl.cos({0})", "sin": "tl.sin({0})"}
         if fn in simple:
             return simple[fn].format(*a)
-        if fn not in CALL_HELPERS:   # max, min: expr.call builds them from their definitions
+        if fn not in CALL_HELPERS and fn not in DEFINED:
             raise ValueError(f"Triton has no spelling of {fn!r}")
-        self.helpers.add(fn)       # tanh, log1p, fmod, pow: not in the interpreter's tl.math
+        # tanh, log1p, fmod, pow: not in the interpreter's tl.math; max, min: the primitive
+        # table's definitions (tl.maximum / tl.minimum drop NaN)
+        self.helpers.add(fn)
         return f"_{fn}({', '.join(a)})"
 
     def where(self, cond, a, b):
@@ -96,11 +98,6 @@ HELPERS = {
     "sum": '''@triton.jit
 def _add(a, b):
     return a + b
-''',
-    "max": '''@triton.jit
-def _max(a, b):
-    # NaN from either side, as the reference's maximum (tl.maximum drops it)
-    return tl.where(a > b, a, tl.where(a != a, a, b))
 ''',
     "tanh": '''@triton.jit
 def _tanh(x):
@@ -161,6 +158,19 @@ def _pow(a, b):
     return tl.where(b == 0.0, 1.0, r)
 ''',
 }
+
+
+
+def _defined_helper(fn: str) -> str:
+    """The @triton.jit function `_fn(a, b)` of a primitive the table defines for kernels
+    (max, min), its body that definition's comparisons and selects; the reductions
+    combine with `_max` too, so a maximum propagates NaN wherever a kernel takes one."""
+    lines, result = defined_body(TritonDialect(""), fn)
+    body = "".join(f"    {ln}\n" for ln in lines)
+    return f"@triton.jit\ndef _{fn}(a, b):\n    # apsat/lang/primitives.py's {fn}\n{body}    return {result}\n"
+
+
+HELPERS.update({fn: _defined_helper(fn) for fn in DEFINED})
 
 
 def _params(k: Kernel) -> list[str]:
