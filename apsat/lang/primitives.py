@@ -6,11 +6,10 @@ every reading takes it from here:
 
 - the reference interpreter evaluates `numpy` (apsat/lang/semantics.py), and so does the
   systolic simulator's vector unit, which runs the reference's element-wise code;
-- the GPU expression IR (apsat/backends/gpu/expr.py) builds a primitive that has a
-  `kernel` definition from that definition, so neither kernel dialect (Triton, CUDA C)
-  ever writes one with a hardware instruction of other semantics; the others each
-  dialect spells with the instruction or library function whose IEEE 754 behaviour is
-  the contract's;
+- each kernel dialect (Triton, CUDA C) writes a primitive that has a `kernel` definition
+  as a function of its own whose body is that definition (apsat/backends/gpu/expr.py
+  `defined`), never with a hardware instruction of other semantics; the others it spells
+  with the instruction or library function whose IEEE 754 behaviour is the contract's;
 - the ONNX export writes `onnx`, the ONNX operator whose definition this is.
 
 The contract is ONNX's as onnxruntime computes it (checked by
@@ -20,7 +19,7 @@ through every backend). Where it matters:
 - `max` and `min` propagate NaN from either operand and give the *second* operand on a tie,
   so max(-0, +0) is +0 and max(+0, -0) is -0 (ONNX Max/Min, numpy's maximum/minimum).
   Triton's tl.maximum / tl.minimum and C's fmaxf / fminf return the other operand where
-  one is NaN (IEEE maxNum), which is why a kernel builds them from comparisons instead.
+  one is NaN (IEEE maxNum), which is why kernels build them from comparisons instead.
   With the tie rule, relu is max(0, x) (relu(-0) = -0, as onnxruntime's Relu) and clip is
   min(hi, max(lo, x)) (clip(-0, 0, 6) = -0, as onnxruntime's Clip).
 - comparisons (the formulas' `ge` condition) are false where either side is NaN; `nz` is
