@@ -11,13 +11,26 @@ def _speedup(report: dict) -> str:
     return "" if value is None else f"{value:.2f}x"
 
 
+def error_ratio(v: dict | None) -> str:
+    """A verification's float64-rule ratio (apsat's error / onnxruntime's, both against the
+    float64 run) as text: "" without verification, "f32" where the oracle fell back to the
+    fixed tolerance, "-" where onnxruntime's error is 0."""
+    if not v:
+        return ""
+    if not str(v.get("oracle", "")).startswith("float64"):
+        return "f32"
+    return "-" if v.get("ratio") is None else f"{v['ratio']:.2f}"
+
+
 def summary_table(reports: list[dict]):
-    """A rich Table: one row a model (an `error` report gets an error row)."""
+    """A rich Table: one row a model (an `error` report gets an error row). `err ÷ ort` is
+    the float64 rule's ratio (`error_ratio`); report.json keeps both errors and the
+    largest difference from float32 onnxruntime (`max_abs_err`)."""
     from rich.table import Table
 
     table = Table(title="apsat summary")
     for col in ("model", "onnx ops", "program nodes", "e-graph nodes", "modelled speed-up", "seconds",
-                "verify", "max err"):
+                "verify", "err ÷ ort"):
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in reports:
         if "error" in r:
@@ -28,7 +41,7 @@ def summary_table(reports: list[dict]):
             "[red]FAIL[/red]" if failed(r) else "[green]ok[/green]")
         table.add_row(r["model"], str(sum(r["ops_before"].values())), str(sum(r["ops_after"].values())),
                       str(r["egraph"]["nodes"]), _speedup(r), f"{sum(r['seconds'].values()):.1f}", status,
-                      "" if v is None else f"{v['max_abs_err']:.1e}")
+                      error_ratio(v))
     return table
 
 
@@ -37,22 +50,29 @@ STATUS_STYLE = {"ok": "[green]ok[/green]", "reused": "[cyan]reused[/cyan]", "mis
 
 
 def rows_table(rows: list[dict]):
-    """A rich Table of batch rows (apsat.pipeline.batch): one line a model."""
+    """A rich Table of batch rows (apsat.pipeline.batch): one line a model. An `err ÷ ort`
+    column (the float64 rule's ratio) where some row carries one (`err_ratio`)."""
     from rich.table import Table
 
+    ratios = any(r.get("err_ratio") is not None for r in rows)
     table = Table(title="apsat zoo")
     for col in ("model", "status", "onnx ops", "e-graph nodes", "kernels / cycles", "modelled speed-up",
-                "seconds", "max err"):
+                "seconds", "max err") + (("err ÷ ort",) if ratios else ()):
         table.add_column(col, justify="left" if col in ("model", "status") else "right")
     for r in rows:
         status = r.get("stored_status", r["status"])
         label = STATUS_STYLE.get(r["status"] if r["status"] != "reused" or status == "ok" else status, status)
         work = r.get("kernels") if r.get("kernels") is not None else r.get("cycles")
         speedup, err = r.get("speedup"), r.get("max_abs_err")
-        table.add_row(r["model"], label, _text(r.get("onnx_nodes")), _text(r.get("egraph_nodes")), _text(work),
-                      "" if speedup is None else f"{speedup:.2f}x", "" if r.get("seconds") is None
-                      else f"{r['seconds']:.1f}", "" if err is None else f"{err:.1e}")
+        cells = [r["model"], label, _text(r.get("onnx_nodes")), _text(r.get("egraph_nodes")), _text(work),
+                 "" if speedup is None else f"{speedup:.2f}x", "" if r.get("seconds") is None
+                 else f"{r['seconds']:.1f}", "" if err is None else f"{err:.1e}"]
+        table.add_row(*cells, *([_fmt(r.get("err_ratio"), ".2f")] if ratios else []))
     return table
+
+
+def _fmt(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
 
 
 def _text(value) -> str:

@@ -133,7 +133,8 @@ def summary(report: dict) -> dict:
             "phases": [{"phase": p.get("phase"), "nodes": p.get("nodes"), "seconds": p.get("seconds")}
                        for p in (report.get("saturation") or {}).get("phases", [])],
             "phase_seconds": report.get("seconds", {}),
-            "max_abs_err": v.get("max_abs_err"), "opaque_ops": report.get("opaque_ops", {}),
+            "max_abs_err": v.get("max_abs_err"), "err_ratio": v.get("ratio"),
+            "opaque_ops": report.get("opaque_ops", {}),
             "notices": report.get("notices", [])}
 
 

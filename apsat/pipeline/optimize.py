@@ -123,9 +123,10 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
 
     rules: ruleset names or rule-file paths to saturate with as one phase; None runs the
         target's default phase plan; False saturates nothing (import and extract only).
-    verify: compare the extracted program (reference interpreter) with onnxruntime on
-        seeded random inputs, and the backend's run of its lowered form too (see
-        verify_backend).
+    verify: judge the extracted program (reference interpreter) against the original
+        model on seeded random inputs (apsat.pipeline.verify: apsat's float32 error and
+        onnxruntime's against a float64 run), and the backend's run of its lowered form
+        too (see verify_backend).
     verify_backend: with verify, run the lowered program on the backend: None where the
         backend runs here at a sensible cost (the systolic simulator always; GPU kernels
         only on a GPU: the report says why it was skipped), True always, False never.
@@ -268,20 +269,22 @@ def _report(m, target, rules, program, eg, loaded, saturation, seconds) -> dict:
 
 
 def _verify(m, program, backend, lowered, report, given, seed, tell, seconds, verify_backend):
-    """Compare the program (reference interpreter) and, where it runs, the backend's
-    lowered form with onnxruntime on the same seeded inputs; the first goes to
-    report["verification"], the second to report[backend.name][backend.run_key]. Returns
-    the backend's outputs (None when it did not run)."""
-    from apsat.pipeline.verify import compare, verify_program
-    from apsat.pipeline.zoo import ort_run, random_inputs
+    """Judge the program (reference interpreter) and, where it runs, the backend's lowered
+    form against the original model on the same seeded inputs (apsat.pipeline.verify: one
+    oracle run, float32 and float64, for both); the first goes to report["verification"],
+    the second to report[backend.name][backend.run_key]. Returns the backend's outputs
+    (None when it did not run)."""
+    from apsat.pipeline.verify import judge, run_oracle, verify_program
+    from apsat.pipeline.zoo import random_inputs
 
     inputs = given if given is not None else random_inputs(m, seed)
-    report["verification"] = _timed("verify", tell, seconds, lambda: verify_program(m, program, inputs).to_dict())
+    oracle = _timed("oracle", tell, seconds, run_oracle, m.onnx, inputs)
+    report["verification"] = _timed("verify", tell, seconds,
+                                    lambda: verify_program(m, program, inputs, oracle=oracle).to_dict())
     skipped = None if verify_backend else (backend.run_skipped() if verify_backend is None else "not asked")
     if skipped is not None:
         report[backend.name][backend.run_key] = {"skipped": skipped}
         return None
     got = _timed(f"{backend.name} run", tell, seconds, backend.run, lowered, {**m.weights, **inputs})
-    expected = ort_run(m.onnx, inputs)
-    report[backend.name][backend.run_key] = compare({k: expected[k] for k in got}, got).to_dict()
+    report[backend.name][backend.run_key] = judge(oracle, got).to_dict()
     return got

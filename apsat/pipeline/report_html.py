@@ -131,7 +131,10 @@ def _columns(rows: list[dict]) -> list[tuple[str, str]]:
             ("onnx_nodes", "ONNX nodes"), ("work", work), ("ratio", f"{work} ÷ ONNX nodes"),
             ("egraph_nodes", "e-graph nodes")]
     cols += [(f"phase:{p}", f"{p} (s)") for p in _phase_names(rows)]
-    return cols + [("seconds", "total (s)"), ("max_abs_err", "max abs error"), ("reason", "reason / notes")]
+    cols += [("seconds", "total (s)"), ("max_abs_err", "max abs error")]
+    if any(_num(r.get("err_ratio")) is not None for r in rows):     # the float64 rule's ratio
+        cols.append(("err_ratio", "error ÷ onnxruntime's"))
+    return cols + [("reason", "reason / notes")]
 
 
 def _cell(key: str, row: dict, label: str, out: Path) -> tuple[str, object]:
@@ -162,6 +165,8 @@ def _cell(key: str, row: dict, label: str, out: Path) -> tuple[str, object]:
         return _fmt(row.get("seconds"), ".1f"), _num(row.get("seconds"))
     if key == "max_abs_err":
         return _fmt(row.get("max_abs_err"), ".1e"), _num(row.get("max_abs_err"))
+    if key == "err_ratio":
+        return _fmt(row.get("err_ratio"), ".2f"), _num(row.get("err_ratio"))
     if key == "reason":
         text = _reason(row)
         return f'<span class="why">{_e(text)}</span>', text

@@ -99,24 +99,34 @@ def _drop_unread_initializers(g):
 ORT_IR_VERSION = 10
 
 
-def ort_run(model_proto: onnx.ModelProto, inputs: dict) -> dict[str, np.ndarray]:
-    """All graph outputs from onnxruntime on the CPU, 2 threads, no graph optimisation
-    (the plain oracle: no fused kernels that reorder arithmetic). A model stamped with an
-    IR version above ORT_IR_VERSION runs as a copy stamped ORT_IR_VERSION."""
+def ort_session(model_proto: onnx.ModelProto, external: dict | None = None):
+    """An onnxruntime InferenceSession of the model on the CPU, 2 threads, no graph
+    optimisation (the plain oracle: no fused kernels that reorder arithmetic). A model
+    stamped with an IR version above ORT_IR_VERSION runs as a copy stamped ORT_IR_VERSION.
+    `external`: name -> array for initializers the model marks as external data (the
+    session reads the arrays in place: keep them alive while it runs). onnxruntime's own
+    exception when it refuses the model."""
     import onnxruntime as ort
 
     if model_proto.ir_version > ORT_IR_VERSION:
         model_proto = onnx.ModelProto.FromString(model_proto.SerializeToString())
         model_proto.ir_version = ORT_IR_VERSION
-
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3
+    if external:
+        names = list(external)
+        opts.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(external[n]) for n in names])
+    return ort.InferenceSession(model_proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def ort_run(model_proto: onnx.ModelProto, inputs: dict) -> dict[str, np.ndarray]:
+    """All graph outputs from onnxruntime (`ort_session`) on `inputs`; ModelError (one
+    line) when onnxruntime refuses the model."""
     try:
-        sess = ort.InferenceSession(model_proto.SerializeToString(), opts,
-                                    providers=["CPUExecutionProvider"])
+        sess = ort_session(model_proto)
         names = [o.name for o in sess.get_outputs()]
         return dict(zip(names, sess.run(names, inputs)))
     except Exception as e:   # the oracle refuses the model: an unregistered op, an old opset, ...
@@ -140,7 +150,7 @@ def logits_output(model_proto: onnx.ModelProto) -> onnx.ModelProto:
         return model_proto
     model = onnx.ModelProto()
     model.CopyFrom(model_proto)
-    inferred = onnx.shape_inference.infer_shapes(_without_big_weights(model))
+    inferred = onnx.shape_inference.infer_shapes(without_big_weights(model))
     known = {vi.name: vi for vi in inferred.graph.value_info}
     for name in added:
         model.graph.output.append(known.get(name) or
@@ -148,7 +158,7 @@ def logits_output(model_proto: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _without_big_weights(model):
+def without_big_weights(model):
     """Same graph, weights as typed inputs: shape inference need not copy their bytes."""
     sk = onnx.ModelProto()
     sk.ir_version, g = model.ir_version, sk.graph
