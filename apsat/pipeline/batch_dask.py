@@ -212,7 +212,9 @@ def _connect(scheduler: str | None, client, jobs: int | None, security=None):
     if scheduler:
         try:
             c = Client(scheduler, security=security)
-        except (OSError, ValueError) as e:
+        # whatever distributed raises when it cannot connect (OSError, a TLS TypeError, an
+        # AssertionError from a client loop that did not start) is one line for the user
+        except Exception as e:      # noqa: BLE001
             raise ApsatError(f"cannot reach the Dask scheduler at {scheduler}: {_one_line(e)}") from e
         with c:
             yield c
