@@ -17,8 +17,9 @@ A formula is a `Formula` wrapping a tuple tree:
     ("select", c, a, b)     a where condition c holds, else b
 
 and a condition is ("nz", f) (f != 0, true for NaN) or ("ge", f, g) (f >= g, false where
-either is NaN). Python's operators build formulas, `X * (erf(X / SQRT2) + 1.0) * 0.5` is
-gelu: each operator is one float32 step in the order written, and nothing ever reassociates them, so every reading rounds alike.
+either is NaN). Python's operators build formulas, `X * ((erf(X / SQRT2) + 1.0) * 0.5)` is
+gelu: each operator is one float32 step in the order written, and nothing ever
+reassociates them, so every reading rounds alike.
 """
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def _pow(a, b):
     half = np.asarray(b) == 0.5
     if half.any():
         r = np.where(half & np.isneginf(a), np.float32(np.inf), np.where(half & (a == 0), np.float32(0.0), r))
-    return r.astype(np.result_type(a, b), copy=False)
+    return r
 
 
 # Definitions for the kernel IR, as formula nodes (apsat/lang/formula.py's tuple trees, the

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from apsat.backends.gpu.expr import render_cond, render_ix, value_nodes
+from apsat.backends.gpu.expr import defined, render_cond, render_ix, value_nodes
+from apsat.lang.formula import FUNCTIONS
 
 
 class Dialect(ABC):
@@ -145,9 +146,6 @@ def used_vars(*items) -> set:
 def defined_body(dialect: Dialect, fn: str) -> tuple[list[str], str]:
     """(statements, result text) of primitive `fn`'s kernel definition (expr.defined) over
     operands named a, b: the body of the function a dialect writes for it."""
-    from apsat.backends.gpu.expr import defined
-    from apsat.lang.formula import FUNCTIONS
-
     names = ["a", "b"][: FUNCTIONS[fn]]
     lines, texts = emit(dialect, {"y": defined(fn, [("sym", n) for n in names])}, {n: n for n in names}, "t")
     return lines, texts["y"]

@@ -35,6 +35,7 @@ the registry's scalar formulas (apsat/lang/formula.py), which views.py translate
 """
 from __future__ import annotations
 
+from apsat.lang import formula as fm
 from apsat.lang.formula import FUNCTIONS
 from apsat.lang.primitives import PRIMITIVES
 
@@ -258,22 +259,7 @@ def defined(fn: str, args) -> tuple:
     (triton.HELPERS, cuda.DEVICE_FUNCTIONS), which kernels call: expanding it in place
     would repeat an operand in three places, and a chain of maxima (a max pool's taps)
     would grow threefold with every tap."""
-    return _define(PRIMITIVES[fn].kernel, tuple(args))
-
-
-def _define(node, args):
-    tag = node[0]
-    if tag == "arg":
-        return args[node[1]]
-    if tag == "const":
-        return fconst(node[1])
-    if tag == "ge":
-        return vge(_define(node[1], args), _define(node[2], args))
-    if tag == "select":
-        return where(_define(node[1], args), _define(node[2], args), _define(node[3], args))
-    if tag == "call":
-        return call(node[1], *(_define(n, args) for n in node[2:]))
-    raise ValueError(f"kernel definition: unexpected node {tag!r}")
+    return fm.interpret(fm.Formula(PRIMITIVES[fn].kernel), tuple(args), (), _DEFINITION)
 
 
 def _fold(fn: str, xs: list[float]) -> float:
@@ -305,6 +291,12 @@ def where(cond, a, b) -> tuple:
     if cond is False:
         return b
     return ("where", cond, a, b)
+
+
+# how `defined` reads a definition: the kernel IR's own constructors
+_DEFINITION = fm.Reading(const=fconst, call=call,
+                         compare=lambda kind, a, b=None: ("nz", a) if kind == "nz" else vge(a, b),
+                         select=where)
 
 
 def value_nodes(value) -> list:

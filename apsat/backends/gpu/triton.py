@@ -35,7 +35,6 @@ from apsat.backends.gpu.tiling import attention_pad
 from apsat.backends.gpu.triton_norms import gemm_row_stats, norm_rows
 
 IDENTITY = {"sum": "0.0", "mean": "0.0", "max": 'float("-inf")'}
-CALL_HELPERS = ("tanh", "log1p", "fmod", "pow")    # functions written as a helper of HELPERS
 
 
 class TritonDialect(Dialect):
@@ -75,7 +74,7 @@ class TritonDialect(Dialect):
                   "ceil": "tl.ceil({0})", "cos": "tl.cos({0})", "sin": "tl.sin({0})"}
         if fn in simple:
             return simple[fn].format(*a)
-        if fn not in CALL_HELPERS and fn not in DEFINED:
+        if fn not in HELPERS:
             raise ValueError(f"Triton has no spelling of {fn!r}")
         # tanh, log1p, fmod, pow: not in the interpreter's tl.math; max, min: the primitive
         # table's definitions (tl.maximum / tl.minimum drop NaN)
@@ -158,7 +157,6 @@ def _pow(a, b):
     return tl.where(b == 0.0, 1.0, r)
 ''',
 }
-
 
 
 def _defined_helper(fn: str) -> str:
