@@ -49,3 +49,50 @@ class UnsoundRuleError(ApsatError):
 class CalibrationError(ApsatError):
     """A GPU calibration file (apsat/targets/gpu_calibration.py) or a set of kernel
     measurements that cannot be used; the message names the file and the problem."""
+
+
+class InternalError(Exception):
+    """A bug in apsat, not a problem with the input: an unexpected exception (RecursionError,
+    KeyError, AssertionError, MemoryError, ...) raised while apsat ran pipeline phase
+    `phase`. Its message is one line, "internal error in PHASE: TYPE: DETAIL" (DETAIL: the
+    original's message on one line, at most MAX_DETAIL characters; left out with its colon
+    when empty); `__cause__` is the original exception, with its traceback.
+
+    Deliberately not an ApsatError: code that catches ApsatError to report bad input must
+    not swallow apsat's own bugs, and the command line gives it its own exit status (4)."""
+
+    MAX_DETAIL = 300
+
+    def __init__(self, phase: str, kind: str, detail: str = ""):
+        # the three parts as args, so that the exception pickles (a Dask worker's result)
+        super().__init__(phase, kind, detail)
+        self.phase, self.kind, self.detail = phase, kind, detail
+
+    def __str__(self) -> str:
+        return f"internal error in {self.phase}: {self.kind}" + (f": {self.detail}" if self.detail else "")
+
+    @classmethod
+    def of(cls, phase: str, error: BaseException) -> "InternalError":
+        """The InternalError for `error` raised in `phase` (the caller sets __cause__ with
+        `raise ... from error`)."""
+        return cls(phase, type(error).__name__, one_line(error, cls.MAX_DETAIL))
+
+
+def one_line(error: BaseException, limit: int = InternalError.MAX_DETAIL) -> str:
+    """`error`'s message on one line (whitespace runs, newlines included, become one space),
+    cut to `limit` characters with a trailing "…": RecursionError texts and huge reprs in
+    KeyErrors exist, and a terminal line must stay a line."""
+    try:
+        text = " ".join(str(error).split())
+    except Exception:          # an exception whose __str__ itself fails
+        text = f"<unprintable {type(error).__name__}>"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def is_internal(error: BaseException) -> bool:
+    """Whether `error` is an internal error (an InternalError, or what one wraps): not an
+    ApsatError (bad input, mismatch, backend failure: each has its own handling) nor one of
+    the exceptions that end a run on purpose (Ctrl-C, sys.exit, a closed stdout, a closed
+    generator). A BaseException such as egglog's PanicException that slipped past the
+    egglog boundary counts: it is a bug all the same."""
+    return not isinstance(error, (ApsatError, KeyboardInterrupt, SystemExit, GeneratorExit, BrokenPipeError))

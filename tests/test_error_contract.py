@@ -1,6 +1,7 @@
 """One error contract: public functions raise an ApsatError for bad input, and the command
-line prints one line and exits 0 ok, 1 mismatch, 2 bad input, 3 backend failure. Rulesets
-are given by name, rule files by path, and a name never reads the file system."""
+line prints one line and exits 0 ok, 1 mismatch, 2 bad input, 3 backend failure (4, an
+internal error, in tests/test_internal_errors.py). Rulesets are given by name, rule files
+by path, and a name never reads the file system."""
 import json
 import subprocess
 import sys

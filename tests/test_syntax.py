@@ -21,6 +21,8 @@ EXAMPLES = [
     "(access-reshape (access (access-tensor m) 1) (access-shape (shape 2 2) (shape 6)))",
     "(access-slice (access (access-tensor m) 1) 1 2 5)",
     "(access-concatenate (access (access-tensor m) 1) (access (access-tensor m) 1) 0)",
+    "(access-gather (access (access-tensor m) 1) (access (access-tensor v) 1) 1)",
+    "(access-gather (access-tensor t) (access-tensor m) 0)",
     "(access-pad (access (access-tensor t) 1) zero-padding 1 2 2)",
     "(access-pad (access (access-tensor t) 1) min-padding 2 0 1)",
     "(access-insert-axis (access (access-tensor m) 1) 0)",

@@ -9,10 +9,12 @@ the same for every command (EXIT_* below):
     2  bad input: an unreadable model, an unknown ruleset, a malformed e-graph file, a bad
        option (argparse's own usage errors exit 2 too)
     3  backend failure: a generated kernel that nvcc or Triton's AOT compiler refused
+    4  internal error, a bug in apsat (any other exception): one line "internal error in
+       PHASE: TYPE: MESSAGE (traceback: PATH)", the traceback in that file
   130  interrupted (Ctrl-C);  141  stdout closed early (`apsat rules list | head`), quietly
 
 When several models fail in different ways the status is the first that applies in the
-order 2, 1, 3.
+order 4, 2, 1, 3.
 """
 from __future__ import annotations
 
@@ -26,11 +28,11 @@ from pathlib import Path
 
 from apsat.cli.summary import compile_failures, failed, summary_table
 from apsat.cli.zoo import zoo_options
-from apsat.errors import ApsatError
+from apsat.errors import ApsatError, is_internal
 
 __all__ = ["main", "build_parser", "optimize_keywords", "compile_failures", "failed"]
 
-EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_BACKEND_FAILED = 0, 1, 2, 3
+EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_BACKEND_FAILED, EXIT_INTERNAL_ERROR = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
 # optimize() keywords the limit flags set: passed only when given, so the defaults stay
 # optimize()'s own.
@@ -120,11 +122,15 @@ def optimize_keywords(args, optimize) -> dict:
 
 def _optimize_one(source, name: str, args, progress, task, randomize=False) -> dict:
     """Optimise one model, write its files, return the report as written (with the
-    backend's compile figures; `error` instead on bad input). `randomize`: replace the
-    weights with seeded random ones first (the light zoo)."""
+    backend's compile figures; `error` instead on bad input, and `internal` too on an
+    internal error: internal_failure's record, the traceback in the model's directory).
+    `randomize`: replace the weights with seeded random ones first (the light zoo)."""
+    from apsat.pipeline.internal import TRACEBACK_FILE, PhaseTracker, internal_failure
     from apsat.pipeline.optimize import optimize
 
     out_dir = Path(args.out) / name
+    # "prepare" (as a zoo row's): reading and randomising the model, until optimize tells its own
+    phases = PhaseTracker(lambda phase: progress.update(task, description=f"{name}: {phase}"), "prepare")
     try:
         kw = optimize_keywords(args, optimize)
         if randomize:  # loaded here, one model at a time: VGG-19's weights alone are 548 MiB
@@ -134,19 +140,25 @@ def _optimize_one(source, name: str, args, progress, task, randomize=False) -> d
 
             source = randomize_weights(onnx.load(str(source)), seed=args.seed)
         res = optimize(source, input_shapes=_shapes_for(source, args, args.command == "optimize"),
-                       inputs=getattr(args, "inputs", None), **kw,
-                       progress=lambda phase: progress.update(task, description=f"{name}: {phase}"))
+                       inputs=getattr(args, "inputs", None), **kw, progress=phases)
         res.report["model"] = name
         for notice in res.report.get("notices", []):
             progress.console.print(f"apsat: {name}: note: {notice}", markup=False, highlight=False, soft_wrap=True)
+        phases("write")
         try:
             path = res.write(out_dir, compile_kernels=args.compile_kernels,
                              onnx_out=getattr(args, "onnx_out", None) or False)
         except OSError as exc:
             raise ApsatError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
+        (out_dir / TRACEBACK_FILE).unlink(missing_ok=True)     # an earlier run's, now stale
         return json.loads(path.read_text())
     except ApsatError as exc:
         return {"model": name, "error": str(exc)}
+    except BaseException as exc:
+        if not is_internal(exc):
+            raise
+        failure = internal_failure(exc, phases.phase, out_dir)
+        return {"model": name, "error": failure.pop("error"), "internal": failure}
 
 
 def _run_models(items: list[tuple[object, str]], args, randomize=False) -> int:
@@ -160,14 +172,17 @@ def _run_models(items: list[tuple[object, str]], args, randomize=False) -> int:
         for source, name in items:
             reports.append(_optimize_one(source, name, args, progress, task, randomize))
             progress.advance(task)
+    args.phase = "report"
     out = Console(width=None if sys.stdout.isatty() else 120)  # pipes get the full table
     out.print(summary_table(reports))
     for r in reports:  # plain, unwrapped: one line per failed model
-        if "error" in r:
-            print(f"apsat: {r['model']}: {r['error']}", file=sys.stderr)
+        if "error" in r:        # an internal error's line names no model, as main's: optimize has one
+            print(f"apsat: {r['error']}" if "internal" in r else f"apsat: {r['model']}: {r['error']}", file=sys.stderr)
         elif compile_failures(r):
             print(f"apsat: {r['model']}: backend: {compile_failures(r)}", file=sys.stderr)
     out.print(f"reports written under {args.out}/")
+    if any("internal" in r for r in reports):
+        return EXIT_INTERNAL_ERROR
     if any("error" in r for r in reports):
         return EXIT_BAD_INPUT
     if any(failed(r) for r in reports):
@@ -192,7 +207,9 @@ def cmd_zoo(args) -> int:
 
     tasks = zoo_tasks(args, optimize_keywords, _shapes_for)
     console, start = _console(), time.perf_counter()
+    args.phase = "batch"       # a model's own internal error is its row; this names the rest
     rows = run_zoo(args, tasks, console)
+    args.phase = "report"
     return report_zoo(rows, args, console, time.perf_counter() - start)
 
 
@@ -205,6 +222,7 @@ def cmd_extract(args) -> int:
     path = Path(args.egraph)
     if not path.is_file():
         raise ApsatError(f"{path}: no such file")
+    args.phase = "import"     # phase names as optimize's, for an internal error's line
     try:
         graph = ExtractionGraph.from_json(json.loads(path.read_text()))
     except (ValueError, KeyError, TypeError) as exc:
@@ -212,9 +230,9 @@ def cmd_extract(args) -> int:
         raise ApsatError(f"{path}: not an extraction-gym e-graph ({why})") from None
     if not graph.roots:
         raise ApsatError(f'{path}: no root e-class ("root_eclasses" is missing or empty): nothing to extract')
-    start = time.perf_counter()
+    start, args.phase = time.perf_counter(), "extract"
     choice = run_extractor(args.method, graph, graph.roots, None, args.time_limit)
-    seconds = time.perf_counter() - start
+    seconds, args.phase = time.perf_counter() - start, "verify"
     try:
         check_roots(graph, choice, graph.roots)
         check_extraction(graph, choice, graph.roots)
@@ -224,7 +242,7 @@ def cmd_extract(args) -> int:
     result = {"method": args.method, "dag_cost": dag_cost(graph, choice, graph.roots),
               "seconds": seconds, "optimal": bool(getattr(choice, "optimal", False)),
               "gap": getattr(choice, "gap", None)}
-    extra = ""
+    extra, args.phase = "", "report"
     if hasattr(choice, "optimal"):
         extra = ", proven optimal" if result["optimal"] else (
             f", gap {result['gap']:.2%}" if result["gap"] is not None else ", no bound")
@@ -238,6 +256,7 @@ def cmd_rules(args) -> int:
     validate rule files without running a model."""
     from apsat.rules.library import RuleLibrary
 
+    args.phase = "rules"
     if args.action == "check":
         if not args.paths:
             raise ApsatError("rules check: give one or more rule files or directories")
@@ -331,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["list", "check"])
     p.add_argument("paths", nargs="*", help="rule files or directories (check: required; list: extra files)")
     p.set_defaults(func=cmd_rules)
+    parser.set_defaults(phase="setup")   # commands move it on; main names it on an internal error
     return parser
 
 
@@ -346,8 +366,8 @@ def _quiet_stdout() -> None:
 
 
 def main(argv=None) -> int:
-    """Run `apsat ARGV`; returns the exit status (module doc). Never a traceback for bad
-    input, an interrupt or a closed stdout."""
+    """Run `apsat ARGV`; returns the exit status (module doc). Never a traceback on the
+    terminal, an internal error's included (it goes to a file: `_internal_error`)."""
     args = build_parser().parse_args(argv)
     try:
         status = args.func(args)
@@ -362,3 +382,17 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("apsat: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BaseException as exc:
+        if not is_internal(exc):
+            raise
+        return _internal_error(args, exc)
+
+
+def _internal_error(args, exc: BaseException) -> int:
+    """An internal error outside a model's own work: one line naming args.phase, the
+    traceback in --out (optimize, zoo) or the user log directory (apsat.pipeline.internal)."""
+    from apsat.pipeline.internal import internal_failure
+
+    failure = internal_failure(exc, args.phase, getattr(args, "out", None))
+    print(f"apsat: {failure['error']}", file=sys.stderr)
+    return EXIT_INTERNAL_ERROR

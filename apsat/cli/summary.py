@@ -23,9 +23,10 @@ def error_ratio(v: dict | None) -> str:
 
 
 def summary_table(reports: list[dict]):
-    """A rich Table: one row a model (an `error` report gets an error row). `err ÷ ort` is
-    the float64 rule's ratio (`error_ratio`); report.json keeps both errors and the
-    largest difference from float32 onnxruntime (`max_abs_err`)."""
+    """A rich Table: one row a model (an `error` report gets an error row, an `internal`
+    one an internal-error row). `err ÷ ort` is the float64 rule's ratio (`error_ratio`);
+    report.json keeps both errors and the largest difference from float32 onnxruntime
+    (`max_abs_err`)."""
     from rich.table import Table
 
     table = Table(title="apsat summary")
@@ -34,7 +35,8 @@ def summary_table(reports: list[dict]):
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in reports:
         if "error" in r:
-            table.add_row(r["model"], "", "", "", "", "", "[red]error[/red]", "")
+            label = "[red]internal error[/red]" if "internal" in r else "[red]error[/red]"
+            table.add_row(r["model"], "", "", "", "", "", label, "")
             continue
         v = r.get("verification")
         status = "-" if v is None and "systolic" not in r else (
@@ -46,7 +48,8 @@ def summary_table(reports: list[dict]):
 
 
 STATUS_STYLE = {"ok": "[green]ok[/green]", "reused": "[cyan]reused[/cyan]", "mismatch": "[red]FAIL[/red]",
-                "error": "[red]error[/red]", "failed": "[red]failed[/red]", "interrupted": "[yellow]stopped[/yellow]"}
+                "error": "[red]error[/red]", "failed": "[red]failed[/red]", "interrupted": "[yellow]stopped[/yellow]",
+                "internal error": "[red]internal error[/red]"}
 
 
 def rows_table(rows: list[dict]):

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from apsat.errors import ApsatError
 
-EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_BACKEND_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_BACKEND_FAILED, EXIT_INTERNAL_ERROR = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
 
 
 def zoo_options(p) -> None:
@@ -123,7 +124,7 @@ def report_zoo(rows: list[dict], args, console, wall_seconds: float = 0.0) -> in
     for r in rows:
         for notice in r.get("notices") or []:
             print(f"apsat: {r['model']}: note: {notice}", file=sys.stderr)
-        if r["status"] in ("error", "failed", "interrupted"):
+        if r["status"] in ("error", "failed", "interrupted", "internal error"):
             print(f"apsat: {r['model']}: {r.get('error', r['status'])}", file=sys.stderr)
         elif r.get("backend_error"):
             print(f"apsat: {r['model']}: backend: {r['backend_error']}", file=sys.stderr)
@@ -132,6 +133,8 @@ def report_zoo(rows: list[dict], args, console, wall_seconds: float = 0.0) -> in
     statuses = [r.get("stored_status", r["status"]) for r in rows]
     if "interrupted" in statuses:
         return EXIT_INTERRUPTED
+    if "internal error" in statuses:        # a bug in apsat outranks what the models did
+        return EXIT_INTERNAL_ERROR
     if "error" in statuses or "failed" in statuses:
         return EXIT_BAD_INPUT
     if "mismatch" in statuses:

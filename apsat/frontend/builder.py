@@ -115,6 +115,10 @@ class Builder:
             return t
         return self.make("access-slice", t, axis, int(lo), int(hi))
 
+    def gather(self, data: Term, indices: Term, axis: int) -> Term:
+        """`access-gather`: data along `axis` at the (float32-carried) indices."""
+        return self.make("access-gather", data, indices, int(axis))
+
     def squeeze(self, t: Term, axis: int) -> Term:
         return self.make("access-squeeze", t, axis)
 

@@ -47,7 +47,11 @@ INTEGER_EXACT = frozenset({
     "Slice", "Split", "Gather", "Expand", "Pad", "Tile", "Where", "Equal", "Less", "Greater",
     "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Add", "Sub", "Mul", "Neg",
     "Abs", "Min", "Max", "Sum", "Relu", "Sign", "ReduceMax", "ReduceMin", "ReduceSum",
-    "ArgMax", "ArgMin", "Trilu", "IsNaN", "Mod", "Floor", "Ceil"})
+    "ArgMax", "ArgMin", "Trilu", "IsNaN", "Mod", "Floor", "Ceil", "GatherElements", "GatherND",
+    "CumSum"})
+# Ops that only move data: with every input a constant they fold whatever the element type
+# (a gather of a weight table by constant indices, a relative-position bias, is a weight).
+FOLD_MOVES = frozenset({"Gather", "GatherElements", "GatherND"})
 
 
 def load_onnx(source, input_shapes: dict | None = None) -> Model:
@@ -201,7 +205,7 @@ class Importer:
             return
         all_const = all(v is None or isinstance(v, Const) for v in ins)
         fn = LOWERINGS.get(node.op_type) if default else None
-        if all_const and self._should_fold(fn, ins):
+        if all_const and self._should_fold(fn, ins, node.op_type):
             return self._fold(idx, node, ins)
         self._complete_info(node, ins)
         ins_all = ins
@@ -220,11 +224,11 @@ class Importer:
                 self.env[name] = term
 
     @staticmethod
-    def _should_fold(fn, ins) -> bool:
+    def _should_fold(fn, ins, node_op: str = "") -> bool:
         """Fold ops without a lowering, and ops on shape-like data: no float input of more
         than one element. Float tensors (weights) stay in the language, so weights stay
         named tensors that rules can see (a BatchNorm's parameters, an Unsqueeze of one)."""
-        if fn is None:
+        if fn is None or node_op in FOLD_MOVES:
             return True
         return all(v is None or v.value.dtype.kind not in "fc" or v.value.size <= 1 for v in ins)
 

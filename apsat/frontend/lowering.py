@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from apsat.frontend import lowering_convtranspose as convt
+from apsat.frontend import lowering_gather as gather
 from apsat.frontend import lowering_nn as nn
 from apsat.frontend import lowering_norm as norm
 from apsat.frontend import lowering_reduce as red
@@ -287,7 +288,10 @@ LOWERINGS: dict = {
     "Concat": tensor.lower_concat,
     "Slice": tensor.lower_slice,
     "Split": tensor.lower_split,
-    "Gather": tensor.lower_gather,
+    "Gather": gather.lower_gather,
+    "GatherElements": gather.lower_gather_elements,
+    "GatherND": gather.lower_gather_nd,
+    "CumSum": gather.lower_cumsum,
     "Expand": tensor.lower_expand,
     "Pad": tensor.lower_pad,
     # neural-network ops

@@ -216,33 +216,6 @@ def lower_split(ctx):
     return outs
 
 
-def lower_gather(ctx):
-    """Constant indices only: contiguous runs become slices, joined by concatenation;
-    a scalar index is a slice plus a squeeze."""
-    indices = ctx.const(1)
-    if indices is None:
-        raise Unlowerable("Gather with non-constant indices")
-    dims = ctx.dims(0)
-    axis = normalize_axis(ctx, ctx.attr("axis", 0), len(dims))
-    idx = np.asarray(indices).astype(np.int64)
-    if np.any(idx < -dims[axis]) or np.any(idx >= dims[axis]):
-        ctx.fail(f"indices {idx.reshape(-1).tolist()} out of range for axis {axis} of size {dims[axis]}")
-    idx = np.where(idx < 0, idx + dims[axis], idx)
-    x, b = ctx.term(0), ctx.b
-    if idx.ndim == 0:
-        return [b.squeeze(b.slice(x, axis, int(idx), int(idx) + 1), axis)]
-    flat = [int(i) for i in idx.reshape(-1)]
-    if not flat:
-        raise Unlowerable("Gather with no indices")
-    runs, start = [], 0
-    for j in range(1, len(flat) + 1):
-        if j == len(flat) or flat[j] != flat[j - 1] + 1:
-            runs.append(b.slice(x, axis, flat[start], flat[j - 1] + 1))
-            start = j
-    t = b.concat(runs, axis) if len(runs) > 1 else runs[0]
-    return [b.reshape(t, dims[:axis] + idx.shape + dims[axis + 1:])]
-
-
 def lower_expand(ctx):
     shape = tuple(int(s) for s in ctx.static(1).reshape(-1))
     try:
@@ -253,26 +226,33 @@ def lower_expand(ctx):
 
 
 def lower_pad(ctx):
-    """Constant mode with value 0 only; negative pads become slices."""
+    """Negative pads become slices; then `constant` mode pads with zeros and selects the
+    border to a non-zero value, `reflect`, `edge` and `wrap` gather (lowering_gather)."""
+    from apsat.frontend.lowering_gather import pad_by_gather, pad_by_value
+
     dims = ctx.dims(0)
     mode = ctx.attr("mode", "constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     if ctx.opset < 11:
-        pads, value, axes = ctx.ints("pads", None), ctx.attr("value", 0.0), None
+        pads, axes = ctx.ints("pads", None), None
     else:
         pads = [int(p) for p in ctx.static(1).reshape(-1)]
-        value = float(ctx.static(2).reshape(-1)[0]) if ctx.has(2) else 0.0
         axes = [int(a) for a in ctx.static(3).reshape(-1)] if ctx.has(3) else None
-    if mode != "constant" or value != 0.0:
-        raise Unlowerable(f"Pad mode {mode!r} value {value}")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        ctx.bad_attr("mode", f"{mode!r} is not constant, reflect, edge or wrap")
     axes = list(range(len(dims))) if axes is None else \
         [normalize_axis(ctx, a, len(dims), "axes") for a in axes]
     if pads is None or len(pads) != 2 * len(axes):
         ctx.bad_attr("pads", f"needs {2 * len(axes)} values, got {pads}")
-    t = ctx.term(0)
+    t, padded = ctx.term(0), []
     for i, a in enumerate(axes):
         before, after = pads[i], pads[i + len(axes)]
         d = ctx.b.dims(t)[a]
+        if max(0, -before) >= d - max(0, -after):
+            raise Unlowerable("Pad that slices an axis away")
         t = ctx.b.slice(t, a, max(0, -before), d - max(0, -after))
-        t = ctx.b.pad(t, "zero-padding", a, max(0, before), max(0, after))
-    return [t]
+        if before > 0 or after > 0:
+            padded.append((a, max(0, before), max(0, after)))
+    if not padded:
+        return [t]
+    return [pad_by_value(ctx, t, padded) if mode == "constant" else pad_by_gather(ctx, t, mode, padded)]

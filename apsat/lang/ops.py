@@ -98,6 +98,13 @@ OPS: dict[str, OpSpec] = {s.name: s for s in [
            "Keep [low, high) of one axis.", ("Slice", "Split", "Gather"), "view"),
     OpSpec("access-concatenate", ("expr", "expr", "int"), sh.access_concatenate,
            "Join two accesses along an axis.", ("Concat", "Gather"), "copy"),
+    OpSpec("access-gather", ("expr", "expr", "int"), sh.access_gather,
+           "Gather along one axis by data-dependent indices, as ONNX Gather: `access-gather "
+           "data indices k` with data dims D and indices dims I has dims D[:k] ++ I ++ D[k+1:], "
+           "all iterated; out[.., i.., ..] = data[.., idx[i..], ..]. An index is a float32-carried "
+           "integer; a negative one counts from the end (idx + D[k]), and one outside [0, D[k]) "
+           "is clamped into it on every backend (ONNX leaves it an error).",
+           ("Gather", "GatherElements", "GatherND", "Pad"), "copy"),
     OpSpec("access-pad", ("expr", "pad-type", "int", "int", "int"), sh.access_pad,
            "Pad one axis (zero-padding, or min-padding = -inf for max pooling).", ("Conv", "MaxPool", "Pad"),
            "copy"),

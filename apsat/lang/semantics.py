@@ -315,3 +315,14 @@ def apply_compute(name: str, params: tuple, x, n_iter: int) -> np.ndarray:
         x = dense(x)
     out = np.asarray(fn(x, n_iter, params))
     return out if out.dtype == np.float32 else out.astype(np.float32)
+
+
+def gather_indices(index: np.ndarray, n: int) -> np.ndarray:
+    """access-gather's reading of float32-carried indices into an axis of size n, in
+    float32 steps as the kernels take them: NaN as 0, rounded half up, a negative one
+    counted from the end, then clamped into [0, n) (every backend's rule)."""
+    v = np.asarray(index, np.float32)
+    with np.errstate(invalid="ignore"):
+        i = np.floor(np.where(np.isnan(v), np.float32(0), v) + np.float32(0.5))
+        i = np.where(i < 0, i + np.float32(n), i)
+        return np.clip(i, 0, n - 1).astype(np.int64)

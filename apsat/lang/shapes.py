@@ -135,6 +135,13 @@ def access_concatenate(args, shapes, env):
     return (tuple(a[: len(ia)]), tuple(a[len(ia):]))
 
 
+def access_gather(args, shapes, env):
+    (dit, ditem), (iit, iitem), axis = shapes[0], shapes[1], args[2]
+    data, index = tuple(dit) + tuple(ditem), tuple(iit) + tuple(iitem)
+    _check(0 <= axis < len(data), f"access-gather: axis {axis} out of range for {data}")
+    return (data[:axis] + index + data[axis + 1:], ())
+
+
 def access_pad(args, shapes, env):
     (it, item), axis, before, after = shapes[0], args[2], args[3], args[4]
     dims = list(it + item)

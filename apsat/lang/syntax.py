@@ -18,7 +18,7 @@ import math
 import re
 
 from apsat.lang.ops import COMPUTE_OPS, EGG_NAMES, OPS, PAD_TYPES
-from apsat.lang.term import Term
+from apsat.lang.term import Term, postorder, write_pieces
 from apsat.errors import ParseError
 
 VAR = "?var"  # op name of a pattern variable term: Term(VAR, (name,))
@@ -299,45 +299,44 @@ def _param_text(kind: str, value, operator, integer) -> str:
     return integer(value) if kind == "int" else _fmt_float(value)
 
 
+def _pieces(t: Term) -> list:
+    """t's text as pieces (term.write_pieces): strings, and its expr children as Terms."""
+    if t.op == VAR:
+        return ["?" + t.args[0]]
+    out = ["(" + t.op]
+    for kind, v in zip(OPS[t.op].signature, t.args):
+        if kind == "exprs":
+            out += [" (args", *(p for c in v for p in (" ", c)), ")"]
+        else:
+            out += [" ", v] if kind == "expr" else [" " + _fmt_arg(kind, v, None)]
+    return out + [")"]
+
+
 def to_text(term: Term) -> str:
     """Surface syntax of a term (shared sub-terms are written out at each use)."""
-    from apsat.lang.term import postorder
-
-    text: dict[int, str] = {}
-    for t in postorder(term):
-        if t.op == VAR:
-            text[id(t)] = "?" + t.args[0]
-            continue
-        spec = OPS[t.op]
-        parts = [t.op] + [_fmt_arg(k, v, lambda c: text[id(c)]) for k, v in zip(spec.signature, t.args)]
-        text[id(t)] = "(" + " ".join(parts) + ")"
-    return text[id(term)]
+    return "".join(write_pieces(term, _pieces, [], {}))
 
 
 def to_dag_text(outputs: dict[str, Term]) -> str:
     """Text of a program that stays linear in its DAG size: every term used more than once
     is bound once (`%N = EXPR`, children first) and referred to by name; single-use terms
     are written inline. Ends with one `output NAME = EXPR` line per output."""
-    from apsat.lang.term import postorder
-
     order = postorder(list(outputs.values()))
     uses: dict[int, int] = {}
     for t in order:
         for c in t.children():
             uses[id(c)] = uses.get(id(c), 0) + 1
-    text: dict[int, str] = {}
-    lines = []
+    names: dict[int, str] = {}
+    out: list = []
     for t in order:
-        spec = OPS[t.op]
-        parts = [t.op] + [_fmt_arg(k, v, lambda c: text[id(c)]) for k, v in zip(spec.signature, t.args)]
-        body = "(" + " ".join(parts) + ")"
         if uses.get(id(t), 0) > 1:
-            name = f"%{len(lines)}"
-            lines.append(f"{name} = {body}")
-            body = name
-        text[id(t)] = body
-    lines += [f"output {name} = {text[id(t)]}" for name, t in outputs.items()]
-    return "\n".join(lines) + "\n"
+            names[id(t)] = f"%{len(names)}"
+            out.append(f"{names[id(t)]} = ")
+            write_pieces(t, _pieces, out, names, own=t).append("\n")
+    for name, t in outputs.items():
+        out.append(f"output {name} = ")
+        write_pieces(t, _pieces, out, names).append("\n")
+    return "".join(out)
 
 
 # ---- egglog text ---------------------------------------------------------------------------

@@ -73,13 +73,21 @@ def run_task(task: Task, tell=None) -> dict:
     renamed into place, so it is whole or absent); return its summary row: "status" ok,
     mismatch or error, with "error" and the report's figures, and "source_digest": the
     apsat source that computed it (the caller stores only results of its own: same_source).
-    `tell(phase)` hears each phase as it starts."""
+    `tell(phase)` hears each phase as it starts. The row's "phase_seconds" are optimize's
+    (report["seconds"]) with "prepare" (the source digest, imports, reading the model and
+    randomising its weights) before and "write" (the report directory) after, so that they
+    add up to its "seconds". An internal error (a bug in apsat: apsat.pipeline.internal) is
+    status "internal error", "error" its one line and "internal" its phase, type, message
+    and traceback path (traceback.txt in the model's directory)."""
     start = time.perf_counter()
     row = {"model": task.name, "path": task.path, "target": task.target, "source_digest": source_digest()}
-    from apsat.errors import ApsatError     # after the digest: these imports read the source it names
+    from apsat.errors import ApsatError, is_internal  # after the digest: these imports read the source it names
+    from apsat.pipeline.internal import PhaseTracker, internal_failure
     from apsat.pipeline.optimize import optimize
 
+    tell = PhaseTracker(tell, start="prepare")     # remembers the phase, for an internal error's row
     try:
+        tell("prepare")
         source = task.path
         if task.randomize:
             import onnx
@@ -87,12 +95,25 @@ def run_task(task: Task, tell=None) -> dict:
             from apsat.pipeline.zoo import randomize_weights
 
             source = randomize_weights(onnx.load(task.path), seed=task.options.get("seed", 0))
+        prepared = time.perf_counter()
         res = optimize(source, target=task.target, rules=task.rules or None, progress=tell, **task.options)
         res.report["model"] = task.name
+        tell("write")
+        written = time.perf_counter()
         report = _write_whole(res, Path(task.out) / task.name, task.compile_kernels, task.onnx_out)
     except ApsatError as e:
         return {**row, "status": "error", "error": str(e), "seconds": time.perf_counter() - start}
-    return {**row, **summary(report), "seconds": time.perf_counter() - start}
+    except BaseException as e:
+        if not is_internal(e):
+            raise
+        # caught here rather than left to kill the worker: the row names the phase and the
+        # exception, and the traceback goes to a file, not to the terminal
+        failure = internal_failure(e, tell.phase, Path(task.out) / task.name)
+        return {**row, "status": "internal error", "error": failure.pop("error"), "internal": failure,
+                "seconds": time.perf_counter() - start}
+    end = time.perf_counter()
+    phases = {"prepare": prepared - start, **report.get("seconds", {}), "write": end - written}
+    return {**row, **summary(report), "phase_seconds": phases, "seconds": end - start}
 
 
 def _write_whole(res, final: Path, compile_kernels: bool, onnx_out: bool = False) -> dict:
@@ -140,9 +161,16 @@ def summary(report: dict) -> dict:
 
 # ---- the local pool ---------------------------------------------------------------------------
 
-def _worker(task: Task, results, events):
-    """A worker process: one task, its phases told to the parent as they start."""
+def _worker(task: Task, results, events, spawned: float):
+    """A worker process: one task, its phases told to the parent as they start. `spawned`
+    is the parent's time.time() as it started the process: what passed until run_task
+    began (a fresh interpreter, its imports, unpickling the task; 0.2 to 0.7 s) is the
+    row's "startup" phase and part of its seconds, as it is of the batch's wall time."""
+    startup = max(0.0, time.time() - spawned)
     row = run_task(task, tell=lambda phase: events.put((task.name, phase)))
+    if row.get("phase_seconds") is not None:
+        row["phase_seconds"] = {"startup": startup, **row["phase_seconds"]}
+    row["seconds"] = startup + (row.get("seconds") or 0.0)
     results.put(row)
 
 
@@ -194,7 +222,8 @@ def run_local(tasks: list[Task], jobs: int = 1, timeout: float = DEFAULT_TIMEOUT
             while pending and len(running) < max(1, jobs):
                 task = pending.pop(0)
                 results = ctx.Queue()
-                proc = ctx.Process(target=_worker, args=(task, results, events), daemon=True)
+                proc = ctx.Process(target=_worker, args=(task, results, events, time.time()),
+                                   daemon=True)
                 proc.start()
                 running[task.name] = _Running(task, proc, results, time.monotonic())
                 _emit(on_event, "start", task.name, proc.pid)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from apsat.lang.program import Program
-from apsat.errors import ApsatError
+from apsat.errors import ApsatError, InternalError, is_internal
+from apsat.pipeline.internal import PhaseTracker
 
 
 @dataclass
@@ -146,7 +147,30 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
         the report's "notices" say so), as apsat.load_onnx takes them.
     inputs: what verification runs on instead of seeded random inputs: name -> array, or
         the path of an .npz with one array per input (apsat.pipeline.inputs.load_inputs).
+
+    Bad input raises an ApsatError. Any other exception (a bug in apsat: RecursionError,
+    KeyError, AssertionError, MemoryError ...) raises apsat.errors.InternalError, which is
+    not an ApsatError: its message names the phase that was running ("internal error in
+    lower: RecursionError: ...") and its __cause__ is the original exception.
     """
+    phases = PhaseTracker(progress)
+    limits = {"iter_limit": iter_limit, "node_limit": node_limit, "time_limit": time_limit,
+              "memory_limit": memory_limit}
+    try:
+        return _optimize(model, target, rules, extractor, verify, seed, phases, regions, lowering,
+                         verify_backend, input_shapes, inputs, check_rules, limits)
+    except BaseException as exc:
+        if isinstance(exc, InternalError) or not is_internal(exc):
+            raise
+        raise InternalError.of(phases.phase, exc) from exc
+
+
+def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowering,
+              verify_backend, input_shapes, inputs, check_rules, limits) -> OptimizeResult:
+    """optimize's pipeline, each phase told to `tell` (a PhaseTracker) as it starts."""
+    # "setup" (parsing the target, choosing its backend and the imports both pull in) is
+    # timed like the phases, so that report["seconds"] adds up to the whole call
+    start = time.perf_counter()
     from apsat.backends import backend_for
     from apsat.targets import parse_target
 
@@ -155,12 +179,9 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
     if lowering and not backend.options:
         raise ApsatError(f"lowering options apply to systolic targets, not {target!r}")
     backend.check_options(lowering or {})
-    tell = progress or (lambda phase: None)
-    seconds: dict[str, float] = {}
+    seconds: dict[str, float] = {"setup": time.perf_counter() - start}
     m, eg, handles, loaded = _load(model, target, tell, seconds, input_shapes)
     given = _given_inputs(inputs, m)
-    limits = {"iter_limit": iter_limit, "node_limit": node_limit, "time_limit": time_limit,
-              "memory_limit": memory_limit}
     saturation = _saturate(eg, m, rules, regions, tell, seconds, **limits)
     rule_check = _check_rules(eg, m, check_rules, given, seed, tell, seconds) if rules else None
     program = _timed("extract", tell, seconds, _extract, eg, handles, extractor)
@@ -197,12 +218,16 @@ def _given_inputs(inputs, m) -> dict | None:
 def _load(model, target, tell, seconds, input_shapes=None):
     """Import the model and load it into a fresh e-graph; returns (model, e-graph, output
     handles, (nodes, classes, cost of the imported program))."""
+    # "import" starts before these imports (egglog's bindings, the frontend: ~0.2 s in a
+    # fresh process), which would otherwise be time that no phase owns
+    tell("import")
+    t = time.perf_counter()
     from apsat.egraph.driver import EGraph
     from apsat.extract import extract
     from apsat.frontend.importer import load_onnx
 
-    m = _timed("import", tell, seconds,
-               lambda: model if hasattr(model, "program") else load_onnx(model, input_shapes))
+    m = model if hasattr(model, "program") else load_onnx(model, input_shapes)
+    seconds["import"] = time.perf_counter() - t
     tell("e-graph")
     t = time.perf_counter()
     eg = EGraph(target=target)
@@ -281,7 +306,9 @@ def _verify(m, program, backend, lowered, report, given, seed, tell, seconds, ve
     oracle = _timed("oracle", tell, seconds, run_oracle, m.onnx, inputs)
     report["verification"] = _timed("verify", tell, seconds,
                                     lambda: verify_program(m, program, inputs, oracle=oracle).to_dict())
-    skipped = None if verify_backend else (backend.run_skipped() if verify_backend is None else "not asked")
+    # run_skipped may import torch to look for a GPU (~0.8 s): a phase of its own
+    skipped = None if verify_backend else (_timed("backend check", tell, seconds, backend.run_skipped)
+                                           if verify_backend is None else "not asked")
     if skipped is not None:
         report[backend.name][backend.run_key] = {"skipped": skipped}
         return None

@@ -34,7 +34,7 @@ ELEMENTWISE = {"Erf", "HardSigmoid", "HardSwish", "Gelu", "Softplus", "Softsign"
 # Ops onnxruntime 1.32's CPU provider runs in float32 only (measured); others found when a
 # session refuses the copy are added as they come (`_NO_DOUBLE`).
 # HardSwish and Gelu are function ops that onnxruntime expands into HardSigmoid and Erf.
-_NO_DOUBLE = {"Conv", "AveragePool", "GlobalAveragePool", "LRN", "Erf", "HardSigmoid", "HardSwish", "Gelu"}
+_NO_DOUBLE = {"Conv", "AveragePool", "GlobalAveragePool", "LRN", "InstanceNormalization", "Erf", "HardSigmoid", "HardSwish", "Gelu"}
 _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\)")
 # Float initializers of this many elements or more reach onnxruntime as external
 # initializers (numpy arrays beside the model), so the copy's protobuf stays small: no

@@ -181,5 +181,33 @@ def lrn(node, shapes: dict, tag: str):
     return nodes, inits
 
 
+def instance_norm(node, shapes: dict, tag: str):
+    """InstanceNormalization: per (n, c), (x - mean) / sqrt(var + eps) * scale + bias over the
+    spatial dims, the means MatMuls by a column of 1/(spatial size) (GroupNorm(1) exports
+    come as one of these over C x H x W)."""
+    x_dims = _dims(shapes, node.input[0], node)
+    size, c = int(np.prod(x_dims[2:])), x_dims[1]
+    eps = float(_attrs(node).get("epsilon", 1e-5))
+    inits = [_const(tag, "flat", np.array([0, 0, -1], np.int64)),
+             _const(tag, "mean", np.full((size, 1), 1.0 / size)), _const(tag, "eps", np.array(eps)),
+             _const(tag, "col", np.array([c, 1], np.int64)),
+             _const(tag, "yshape", np.array(x_dims, np.int64))]
+    t = lambda name: f"{tag}/{name}"       # noqa: E731  (a name of this decomposition)
+    nodes = [helper.make_node("Reshape", [node.input[0], t("flat")], [t("xf")]),
+             helper.make_node("MatMul", [t("xf"), t("mean")], [t("mu")]),
+             helper.make_node("Sub", [t("xf"), t("mu")], [t("d")]),
+             helper.make_node("Mul", [t("d"), t("d")], [t("d2")]),
+             helper.make_node("MatMul", [t("d2"), t("mean")], [t("var")]),
+             helper.make_node("Add", [t("var"), t("eps")], [t("ve")]),
+             helper.make_node("Sqrt", [t("ve")], [t("sd")]),
+             helper.make_node("Div", [t("d"), t("sd")], [t("z")]),
+             helper.make_node("Reshape", [node.input[1], t("col")], [t("scale")]),
+             helper.make_node("Reshape", [node.input[2], t("col")], [t("bias")]),
+             helper.make_node("Mul", [t("z"), t("scale")], [t("zs")]),
+             helper.make_node("Add", [t("zs"), t("bias")], [t("y")]),
+             helper.make_node("Reshape", [t("y"), t("yshape")], [node.output[0]])]
+    return nodes, inits
+
+
 DECOMPOSE = {"Conv": conv, "AveragePool": average_pool, "GlobalAveragePool": global_average_pool,
-             "LRN": lrn}
+             "LRN": lrn, "InstanceNormalization": instance_norm}

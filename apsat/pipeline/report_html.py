@@ -2,13 +2,15 @@
 
 `write_report` writes a header (title, targets, when, how many models ended how, the wall
 time), a table of every model (sortable by clicking a column header: a few lines of inline
-JavaScript) and four plots drawn by matplotlib and inlined as SVG: the modelled speed-up per
-model, the e-graph's growth over the saturation phases, the time per pipeline phase, and the
-kernels (or systolic cycles) against the ONNX model's node count. Nothing is fetched from
+JavaScript) and the plots of apsat.pipeline.report_plots inlined as SVG: the modelled
+speed-up per model (a panel per target), the e-graph's growth over the saturation phases, the
+seconds per pipeline phase (every phase of the worker's run, start-up and writing included),
+and the kernels (or systolic cycles) against the ONNX model's node count; bar charts hold at
+most 50 models a figure, so a corpus's plots stay legible. Nothing is fetched from
 elsewhere: no external script, style sheet, font or image. Every text from a row (model
 names, error messages: they come from users' files) is escaped. Rows without figures (a
 failed or interrupted model) appear in the table with their reason and are left out of the
-plots. matplotlib is imported only here, when a report is written.
+plots. matplotlib is imported only when a report is written (inside functions).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from urllib.parse import quote
 from apsat.errors import ApsatError
 
 STATUS_COLOURS = {"ok": "#1a7f37", "mismatch": "#cf222e", "error": "#cf222e", "failed": "#cf222e",
-                  "reused": "#0969da", "interrupted": "#9a6700"}
+                  "internal error": "#cf222e", "reused": "#0969da", "interrupted": "#9a6700"}
 _DONE = ("ok", "mismatch", "reused")
 
 
@@ -30,8 +32,9 @@ def write_report(rows: list[dict], out_dir, title: str = "apsat zoo", meta: dict
     """Write `out_dir/index.html` from batch rows (see apsat.pipeline.batch.summary) and
     return its path. `meta` may hold "target", "when" (text; default: now), "wall_seconds"
     (the batch's wall time) and any other key, shown as given in the header. A model's
-    name links to `MODEL/report.json` when that file exists under `out_dir`. Raises
-    ApsatError when matplotlib is not installed."""
+    name links to `MODEL/report.json` (an internal error's row: `MODEL/traceback.txt`)
+    when that file exists under `out_dir`. Raises ApsatError when matplotlib is not
+    installed."""
     try:
         import matplotlib
     except ImportError:
@@ -41,7 +44,7 @@ def write_report(rows: list[dict], out_dir, title: str = "apsat zoo", meta: dict
     out.mkdir(parents=True, exist_ok=True)
     rows = [r for r in rows if isinstance(r, dict)]
     labels = _labels(rows)
-    plots = _plots(rows, labels)
+    plots = _plots(rows)
     page = _page(title, _header(title, rows, dict(meta or {})), _table(rows, labels, out), plots)
     path = out / "index.html"
     tmp = out / ".index.html.tmp"
@@ -140,10 +143,10 @@ def _columns(rows: list[dict]) -> list[tuple[str, str]]:
 def _cell(key: str, row: dict, label: str, out: Path) -> tuple[str, object]:
     """(inner HTML, sort value) of one cell."""
     work = row.get("kernels") if _num(row.get("kernels")) is not None else row.get("cycles")
-    if key == "model":
-        name = str(row.get("model", ""))
-        if name and (out / name / "report.json").is_file():
-            return f'<a href="{_e(quote(name) + "/report.json")}">{_e(label)}</a>', label
+    if key == "model":      # links the model's report, or an internal error's traceback
+        name, page = str(row.get("model", "")), "traceback.txt" if row.get("internal") else "report.json"
+        if name and (out / name / page).is_file():
+            return f'<a href="{_e(quote(name) + "/" + page)}">{_e(label)}</a>', label
         return _e(label), label
     if key == "status":
         status = str(row.get("status", "?"))
@@ -200,7 +203,7 @@ th{background:#f6f8fa;cursor:pointer;user-select:none;position:sticky;top:0}th:h
 td.txt{text-align:left}td.txt:last-child{min-width:220px}.why{color:#57606a;font-size:12px}.note{color:#57606a;font-size:12px}
 th.asc::after{content:" ▲"}th.desc::after{content:" ▼"}
 .plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(600px,1fr));gap:16px}
-.plots figure{margin:0}.plots svg{width:100%;height:auto}"""
+.plots figure{margin:0}.plots svg{max-width:100%;height:auto}"""
 
 _SCRIPT = """document.querySelectorAll('#models th').forEach(function(th){th.addEventListener('click',function(){
 var t=th.closest('table'),b=t.tBodies[0],i=+th.dataset.col,up=!th.classList.contains('asc');
@@ -218,32 +221,20 @@ def _page(title: str, header: str, table: str, plots: list[tuple[str, str]]) -> 
             f'<h2>Plots</h2><div class="plots">{figures}</div><script>{_SCRIPT}</script></body></html>\n')
 
 
-# ---- plots (matplotlib, inlined as SVG) ---------------------------------------------------------
+# ---- plots (apsat.pipeline.report_plots draws them; inlined here as SVG) ----------------------
 
-def _plots(rows: list[dict], labels: list[str]) -> list[tuple[str, str]]:
-    """The four plots as (caption, inline SVG). Figures are made without pyplot (no
-    backend is chosen or switched, so a notebook's or a GUI's stays as it is)."""
+def _plots(rows: list[dict]) -> list[tuple[str, str]]:
+    """The plots of the finished rows (apsat.pipeline.report_plots.report_figures: a
+    panel per target for speed-ups, a figure per 50 models for the bar charts) as
+    (caption, inline SVG)."""
     import matplotlib
-    from matplotlib.figure import Figure
 
-    def figure(height: float):
-        fig = Figure(figsize=(6.4, height))
-        return fig, fig.subplots()
+    from apsat.pipeline.report_plots import report_figures
 
-    done = [(r, _mathsafe(lbl)) for r, lbl in zip(rows, labels) if r.get("status") in _DONE]
-    style = {"svg.fonttype": "none", "svg.hashsalt": "apsat", "font.size": 9,
-             "axes.spines.top": False, "axes.spines.right": False}
-    draws = (("Modelled speed-up per model", _plot_speedup),
-             ("E-graph size after each saturation phase", _plot_growth),
-             ("Seconds per pipeline phase", _plot_times),
-             ("Kernels (or cycles) against the ONNX node count", _plot_work))
-    with matplotlib.rc_context(style):
-        return [(caption, _svg(draw(figure, done), f"p{n}-")) for n, (caption, draw) in enumerate(draws)]
-
-
-def _mathsafe(text: str) -> str:
-    """A label matplotlib draws as written: `$` would start mathtext."""
-    return text.replace("$", r"\$")
+    done = [r for r in rows if r.get("status") in _DONE]
+    # text stays text (searchable, escaped by matplotlib); ids are the same run to run
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "apsat"}):
+        return [(caption, _svg(fig, f"p{n}-")) for n, (caption, fig) in enumerate(report_figures(done))]
 
 
 def _svg(fig, prefix: str) -> str:
@@ -257,125 +248,3 @@ def _svg(fig, prefix: str) -> str:
     text = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}{m.group(1)}"', text)
     text = re.sub(r'href="#([^"]+)"', lambda m: f'href="#{prefix}{m.group(1)}"', text)
     return re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{prefix}{m.group(1)})", text)
-
-
-def _empty(ax, what: str):
-    ax.text(0.5, 0.5, f"no {what} to plot", ha="center", va="center", transform=ax.transAxes, color="#57606a")
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
-def _plot_speedup(figure, done):
-    data = [(lbl, r["speedup"]) for r, lbl in done if _num(r.get("speedup")) is not None]
-    fig, ax = figure(1.2 + 0.32 * max(len(data), 3))
-    if not data:
-        _empty(ax, "speed-ups")
-        return fig
-    names, values = zip(*data)
-    ax.barh(range(len(data)), values, color="#0969da")
-    ax.set_yticks(range(len(data)), names)
-    ax.invert_yaxis()
-    ax.axvline(1.0, color="#57606a", lw=0.8, ls="--")
-    if max(values) / max(min(values), 1e-9) > 50:
-        ax.set_xscale("log")
-    for i, v in enumerate(values):
-        ax.text(v, i, f" {v:.2f}×", va="center", fontsize=8)
-    ax.set_xlabel("modelled speed-up over the unoptimised program (×); dashed: 1×")
-    return fig
-
-
-def _phase_order(done) -> list[str]:
-    """Saturation phases of all rows merged in order (each after its predecessor in a row)."""
-    order: list[str] = []
-    for r, _ in done:
-        prev = None
-        for p in r.get("phases") or []:
-            name = str(p.get("phase"))
-            if name not in order:
-                order.insert(order.index(prev) + 1 if prev in order else len(order), name)
-            prev = name
-    return order
-
-
-def _plot_growth(figure, done):
-    order = _phase_order(done)
-    fig, ax = figure(4.2)
-    lines = [(lbl, [(order.index(str(p.get("phase"))), p["nodes"]) for p in r.get("phases") or []
-                    if _num(p.get("nodes")) is not None]) for r, lbl in done]
-    lines = [(lbl, pts) for lbl, pts in lines if pts]
-    if not lines:
-        _empty(ax, "saturation phases")
-        return fig
-    for lbl, pts in lines:
-        xs, ys = zip(*pts)
-        ax.plot(xs, ys, marker="o", ms=3, label=lbl)
-    ax.set_xticks(range(len(order)), order)
-    ys = [y for _, pts in lines for _, y in pts]
-    if max(ys) / max(min(ys), 1) > 20:
-        ax.set_yscale("log")
-    ax.set_xlabel("saturation phase")
-    ax.set_ylabel("e-graph nodes after the phase")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return fig
-
-
-def _with_other(row: dict) -> dict:
-    """The row's phase seconds, plus "other" (start-up, writing the report) when the
-    row's total is larger than their sum: each bar is then as long as the model took."""
-    phases = {k: v for k, v in row["phase_seconds"].items() if _num(v) is not None}
-    rest = (_num(row.get("seconds")) or 0.0) - sum(phases.values())
-    return {**phases, "other (untimed)": rest} if rest > 0.05 else phases
-
-
-def _plot_times(figure, done):
-    data = [(lbl, _with_other(r)) for r, lbl in done if r.get("phase_seconds")]
-    fig, ax = figure(1.4 + 0.32 * max(len(data), 3))
-    if not data:
-        _empty(ax, "phase timings")
-        return fig
-    phases = _phase_names([{"phase_seconds": s} for _, s in data])
-    left = [0.0] * len(data)
-    from matplotlib import colormaps
-
-    colours = colormaps["tab10"]
-    for k, phase in enumerate(phases):
-        widths = [_num(s.get(phase)) or 0.0 for _, s in data]
-        ax.barh(range(len(data)), widths, left=left, label=phase, color=colours(k % 10))
-        left = [a + b for a, b in zip(left, widths)]
-    ax.set_yticks(range(len(data)), [lbl for lbl, _ in data])
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds")
-    ax.legend(fontsize=7, ncol=min(len(phases), 4), loc="lower right", frameon=False)
-    return fig
-
-
-def _plot_work(figure, done):
-    kernels = [(lbl, r["onnx_nodes"], r["kernels"]) for r, lbl in done
-               if (_num(r.get("kernels")) or 0) > 0 and (_num(r.get("onnx_nodes")) or 0) > 0]
-    cycles = [(lbl, r["onnx_nodes"], r["cycles"]) for r, lbl in done
-              if (_num(r.get("cycles")) or 0) > 0 and (_num(r.get("onnx_nodes")) or 0) > 0]
-    data = kernels or cycles
-    fig, ax = figure(4.6)
-    if not data:
-        _empty(ax, "kernel or cycle counts")
-        return fig
-    _, xs, ys = zip(*data)
-    ax.scatter(xs, ys, color="#0969da", zorder=3)
-    placed: list[tuple[float, float, int]] = []
-    for lbl, x, y in sorted(data, key=lambda d: (d[1], d[2])):
-        near = {dy for px, py, dy in placed if max(px / x, x / px) < 1.5 and max(py / y, y / py) < 1.3}
-        dy = next(d for d in (3, -10, 10, -17) if d not in near or d == -17)
-        placed.append((x, y, dy))
-        ax.annotate(lbl, (x, y), xytext=(4, dy), textcoords="offset points", fontsize=7)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("ONNX nodes (onnxruntime runs about one kernel per node)")
-    if kernels:
-        lo, hi = min(xs + ys) * 0.8, max(xs + ys) * 1.25
-        ax.plot([lo, hi], [lo, hi], color="#57606a", lw=0.8, ls="--",
-                label="y = x: one kernel per ONNX node")
-        ax.legend(fontsize=8, loc="upper left", frameon=False)
-        ax.set_ylabel("GPU kernels after optimisation")
-    else:
-        ax.set_ylabel("systolic cycles (modelled)")
-    return fig

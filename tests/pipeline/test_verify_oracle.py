@@ -56,6 +56,7 @@ def test_float64_copy_runs_and_matches_float32_onnxruntime():
     ("AveragePool", [(1, 3, 7, 7)], dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1)),
     ("GlobalAveragePool", [(2, 3, 5, 6)], {}),
     ("LRN", [(1, 7, 4, 4)], dict(size=5, alpha=1e-2, beta=0.75, bias=2.0)),
+    ("InstanceNormalization", [(2, 3, 5, 6), (3,), (3,)], dict(epsilon=1e-3)),
 ])
 def test_float64_rewrites_compute_the_op(op, shapes, attrs):
     """Each op onnxruntime has no double kernel for is rewritten in the copy into ops

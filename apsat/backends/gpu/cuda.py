@@ -49,6 +49,7 @@ class CudaDialect(Dialect):
 
     floordiv = "/"
     indent_unit = "  "
+    int_cast = "(int){}"
 
     @staticmethod
     def int_assign(name, text):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from apsat.backends.gpu.expr import defined, render_cond, render_ix, value_nodes
+from apsat.backends.gpu.expr import Ix, defined, value_nodes
 from apsat.lang.formula import FUNCTIONS
 
 
@@ -22,13 +22,20 @@ class Dialect(ABC):
     floordiv = "//"
     indent_unit = "    "       # one block level (Triton's Python; CUDA C uses two spaces)
 
-    def ix(self, x) -> str:
-        """Text of an index expression."""
-        return render_ix(x, self.floordiv)
+    def ix(self, x, index=None) -> str:
+        """Text of an index expression (`index` as render_ix's)."""
+        return render_ix(x, self.floordiv, index)
 
-    def cond(self, c) -> str:
+    def cond(self, c, index=None) -> str:
         """Text of an index condition ("ge"/"lt" tuples)."""
-        return render_cond(c, self.floordiv)
+        return render_cond(c, self.floordiv, index)
+
+    int_cast = "{}"        # a whole float value as an integer index, in the dialect
+
+    def gather_index(self, v: str, n: int) -> str:
+        """Text of the integer position a gather reads along an axis of size n from v, the
+        name of a whole float value already in [0, n) (expr.gathered computes it)."""
+        return self.int_cast.format(v)
 
     @abstractmethod
     def const(self, v: float) -> str:
@@ -81,7 +88,10 @@ def emit(dialect: Dialect, values: dict, syms: dict, prefix: str) -> tuple[list[
                 deps = off.deps()
                 for c in conds:
                     deps |= c[1].deps()
-                rendered = dialect.load(buf, dialect.ix(off), [dialect.cond(c) for c in conds], bool(deps))
+                def index(value, n):
+                    return dialect.gather_index(text[value], n)
+                rendered = dialect.load(buf, dialect.ix(off, index), [dialect.cond(c, index) for c in conds],
+                                        bool(deps))
             elif tag == "call":
                 rendered = dialect.call(node[1], [text[a] for a in node[2:]], node[2:])
             elif tag == "where":
@@ -100,7 +110,7 @@ def _condition(dialect: Dialect, c, text: dict) -> str:
         return dialect.nz(text[c[1]])
     if c[0] == "vge":
         return dialect.ge(text[c[1]], text[c[2]])
-    return dialect.cond(c)
+    return dialect.cond(c, lambda value, n: dialect.gather_index(text[value], n))
 
 
 def indent(lines, n=1, unit="    ") -> list[str]:
@@ -124,7 +134,7 @@ def axis_defs(dialect: Dialect, prefix: str, dims, flat_var, assign, used=None) 
 
 def used_vars(*items) -> set:
     """Loop-variable names read by value expressions and index expressions (None skipped)."""
-    from apsat.backends.gpu.expr import Ix
+
 
     out: set = set()
     for item in items:
@@ -149,3 +159,48 @@ def defined_body(dialect: Dialect, fn: str) -> tuple[list[str], str]:
     names = ["a", "b"][: FUNCTIONS[fn]]
     lines, texts = emit(dialect, {"y": defined(fn, [("sym", n) for n in names])}, {n: n for n in names}, "t")
     return lines, texts["y"]
+
+
+# ---- rendering of index expressions ----------------------------------------------------------
+
+def render_ix(x: Ix, floordiv: str, index=None) -> str:
+    """Source text of an index expression; `floordiv` is the dialect's integer division
+    operator ("//" in Triton, "/" in C); `index(value, n)` writes a gathered position (the
+    dialect's reading of the value's temporary)."""
+    op = x.op
+    if op == "value":
+        return index(*x.args) if index is not None else f"index({x.args[0]!r}, {x.args[1]})"
+    if op == "const":
+        return str(x.args[0])
+    if op == "var":
+        return x.args[0]
+    if op == "add":
+        parts = [render_ix(t, floordiv, index) for t in x.args[0]]
+        text = parts[0]
+        for p in parts[1:]:
+            text += f" - {p[1:]}" if p.startswith("-") else f" + {p}"
+        return f"({text})"
+    if op == "mul":
+        return f"{_atom(x.args[0], floordiv, index)} * {x.args[1]}"
+    if op in ("div", "mod"):
+        a, d = x.args
+        # Both dialects' `//`/`/` and `%` round toward zero; the simplifier means floor. A
+        # dividend that can be negative (pad offsets folded into a reshape's division) is
+        # shifted by a multiple of d that makes it non-negative, where the two agree.
+        shift = -(a.lo // d) * d if a.lo < 0 else 0
+        text = f"({render_ix(a, floordiv, index)} + {shift})" if shift else _atom(a, floordiv, index)
+        if op == "mod":
+            return f"({text} % {d})"
+        return f"({text} {floordiv} {d} - {shift // d})" if shift else f"({text} {floordiv} {d})"
+    raise AssertionError(op)
+
+
+def _atom(x: Ix, floordiv: str, index=None) -> str:
+    text = render_ix(x, floordiv, index)
+    return text if x.op in ("var", "const", "add", "div", "mod") else f"({text})"
+
+
+def render_cond(c, floordiv: str, index=None) -> str:
+    """Source text of an index condition ("ge"/"lt")."""
+    op, x, k = c
+    return f"({render_ix(x, floordiv, index)} {'>=' if op == 'ge' else '<'} {k})"

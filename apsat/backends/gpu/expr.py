@@ -49,11 +49,16 @@ class Ix:
     """An integer index expression with a known range of valid values [lo, hi]. Build with
     var/const/add/mul/div/mod (never the constructor): they simplify as they go."""
 
-    __slots__ = ("_hash", "_key", "args", "hi", "lo", "op")
+    __slots__ = ("_hash", "_key", "args", "hi", "lo", "op", "values")
 
     def __init__(self, op, args, lo, hi):
         self.op, self.args, self.lo, self.hi = op, args, lo, hi
         self._key = (op, args)
+        # the gathered values this index reads (op "value": a gather's index), which a
+        # kernel computes before the load whose offset holds them
+        self.values = (args[0],) if op == "value" else tuple(
+            v for a in args for b in (a if isinstance(a, tuple) else (a,)) if isinstance(b, Ix)
+            for v in b.values)
         # computed once: hashing the nested key anew each time is quadratic in the depth of
         # an expression (T5's relative-position gathers spent 15 s of 19 s in __hash__)
         self._hash = hash(self._key)
@@ -65,6 +70,7 @@ class Ix:
         return self._hash
 
     def __repr__(self):
+        from apsat.backends.gpu.emit import render_ix
         return render_ix(self, "//")
 
     @property
@@ -76,6 +82,13 @@ class Ix:
         """Names of the variables the expression reads."""
         if self.op == "var":
             return frozenset([self.args[0]])
+        if self.op == "value":
+            out = frozenset()
+            for v in loads(self.args[0]):
+                out |= v[2].deps()
+                for c in v[3]:
+                    out |= c[1].deps()
+            return out
         out = frozenset()
         for a in self.args:
             if isinstance(a, Ix):
@@ -94,6 +107,23 @@ def const(c: int) -> Ix:
 def var(name: str, size: int) -> Ix:
     """A loop variable over 0..size-1 (a size-1 axis is the constant 0)."""
     return const(0) if size == 1 else Ix("var", (name,), 0, size - 1)
+
+
+def gathered(value, n: int) -> Ix:
+    """The position a gather reads along an axis of size n, from a float32-carried index
+    value: NaN read as 0, rounded half up, a negative one counted from the end, clamped into
+    [0, n) (evaluate.gather_indices, the reference's reading of the same rule)."""
+    if n == 1:
+        return const(0)
+    if value[0] == "const":
+        import numpy as np
+
+        from apsat.lang.semantics import gather_indices
+        return const(int(gather_indices(np.float32(value[1]), n)))
+    zero, top = fconst(0.0), fconst(float(n - 1))
+    r = call("floor", call("add", where(vge(value, value), value, zero), fconst(0.5)))
+    w = where(vge(r, zero), r, call("add", r, fconst(float(n))))
+    return Ix("value", (where(vge(w, zero), where(vge(w, top), top, w), zero), n), 0, n - 1)
 
 
 def _terms(x: Ix) -> list[tuple[Ix | None, int]]:
@@ -234,6 +264,41 @@ def lt(x: Ix, c: int):
 
 # ---- values --------------------------------------------------------------------------------
 
+class Node(tuple):
+    """A value node with value operands (call, where, vge): a tuple hashed once, and
+    compared with an explicit stack. Why: a plain tuple's hash and == recurse through a
+    fused chain thousands deep (quadratic hashing, RecursionError, C stack overflow)."""
+
+    def __new__(cls, items):
+        node = tuple.__new__(cls, items)
+        node._hash = tuple.__hash__(node)
+        return node
+
+    def __hash__(self):
+        return self._hash
+
+    def __reduce__(self):       # the hash is per process (string hashing is salted)
+        return (Node, (tuple(self),))
+
+    def __eq__(self, other):
+        pairs = [(self, other)]
+        while pairs:
+            a, b = pairs.pop()
+            if a is b:
+                continue
+            if not isinstance(b, tuple) or len(a) != len(b) or hash(a) != hash(b):
+                return False
+            for x, y in zip(a, b):
+                if isinstance(x, Node) or isinstance(y, Node):
+                    pairs.append((x, y) if isinstance(x, tuple) else (y, x))
+                elif x is not y and x != y:
+                    return False
+        return True
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+
 def fconst(v: float) -> tuple:
     """A float32 literal."""
     return ("const", float(v))
@@ -246,7 +311,7 @@ def call(fn: str, *args) -> tuple:
         raise ValueError(f"unknown kernel function {fn!r}")
     if all(a[0] == "const" for a in args):
         return fconst(_fold(fn, [a[1] for a in args]))
-    return ("call", fn) + tuple(args)
+    return Node(("call", fn) + tuple(args))
 
 
 DEFINED = frozenset(fn for fn, p in PRIMITIVES.items() if p.kernel is not None)
@@ -280,7 +345,7 @@ def vge(a, b):
         import numpy as np
 
         return bool(np.float32(a[1]) >= np.float32(b[1]))
-    return ("vge", a, b)
+    return Node(("vge", a, b))
 
 
 def where(cond, a, b) -> tuple:
@@ -290,7 +355,7 @@ def where(cond, a, b) -> tuple:
         return a
     if cond is False:
         return b
-    return ("where", cond, a, b)
+    return Node(("where", cond, a, b))
 
 
 # how `defined` reads a definition: the kernel IR's own constructors
@@ -321,6 +386,8 @@ def value_children(v) -> tuple:
     tag = v[0]
     if tag == "call":
         return v[2:]
+    if tag == "load":         # a gather's index values, computed before the load
+        return v[2].values + tuple(u for c in v[3] for u in c[1].values)
     if tag == "where":
         cond = v[1]
         values = cond[1:] if isinstance(cond, tuple) and cond[0] in VALUE_CONDITIONS else ()
@@ -331,45 +398,3 @@ def value_children(v) -> tuple:
 def loads(value) -> list[tuple]:
     """The load nodes of a value expression."""
     return [v for v in value_nodes(value) if v[0] == "load"]
-
-
-# ---- rendering of index expressions ----------------------------------------------------------
-
-def render_ix(x: Ix, floordiv: str) -> str:
-    """Source text of an index expression; `floordiv` is the dialect's integer division
-    operator ("//" in Triton, "/" in C)."""
-    op = x.op
-    if op == "const":
-        return str(x.args[0])
-    if op == "var":
-        return x.args[0]
-    if op == "add":
-        parts = [render_ix(t, floordiv) for t in x.args[0]]
-        text = parts[0]
-        for p in parts[1:]:
-            text += f" - {p[1:]}" if p.startswith("-") else f" + {p}"
-        return f"({text})"
-    if op == "mul":
-        return f"{_atom(x.args[0], floordiv)} * {x.args[1]}"
-    if op in ("div", "mod"):
-        a, d = x.args
-        # Both dialects' `//`/`/` and `%` round toward zero; the simplifier means floor. A
-        # dividend that can be negative (pad offsets folded into a reshape's division) is
-        # shifted by a multiple of d that makes it non-negative, where the two agree.
-        shift = -(a.lo // d) * d if a.lo < 0 else 0
-        text = f"({render_ix(a, floordiv)} + {shift})" if shift else _atom(a, floordiv)
-        if op == "mod":
-            return f"({text} % {d})"
-        return f"({text} {floordiv} {d} - {shift // d})" if shift else f"({text} {floordiv} {d})"
-    raise AssertionError(op)
-
-
-def _atom(x: Ix, floordiv: str) -> str:
-    text = render_ix(x, floordiv)
-    return text if x.op in ("var", "const", "add", "div", "mod") else f"({text})"
-
-
-def render_cond(c, floordiv: str) -> str:
-    """Source text of an index condition ("ge"/"lt")."""
-    op, x, k = c
-    return f"({render_ix(x, floordiv)} {'>=' if op == 'ge' else '<'} {k})"

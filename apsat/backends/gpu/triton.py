@@ -42,6 +42,7 @@ class TritonDialect(Dialect):
     being emitted (lanes past a tile's edge); loads that depend on a loop variable use it."""
 
     floordiv = "//"
+    int_cast = "{}.to(tl.int32)"
 
     def __init__(self, base_mask: str):
         self.base_mask = base_mask

@@ -19,20 +19,8 @@ from __future__ import annotations
 
 import math
 
-from apsat.backends.gpu.expr import (
-    Ix,
-    add,
-    call,
-    const,
-    fconst,
-    flat,
-    ge,
-    lt,
-    mul,
-    unflat,
-    vge,
-    where,
-)
+from apsat.backends.gpu.expr import (Ix, add, call, const, fconst, flat, gathered, ge, lt, mul,
+                                      unflat, vge, where)
 from apsat.backends.gpu.folds import FOLD, NORMALISED, UNROLL_LIMIT, normalised, taps, unrolled
 from apsat.lang import formula as fm
 from apsat.lang.ops import COMPUTE_OPS, LOCAL_OPS, NARY_OPS, UNARY_MAPS, chain_parts
@@ -46,6 +34,7 @@ from apsat.errors import ApsatError
 # its other parts are unary maps.
 
 
+_UNKNOWN = object()      # Values._run: a read whose value is not memoised yet
 UNROLLED_REDUCTIONS = frozenset(n for n, s in COMPUTE_OPS.items()
                                 if s.kind in ("reduction", "contraction") and n in FOLD)
 
@@ -96,12 +85,35 @@ class Values:
     def value(self, term: Term, idx: tuple, conds: tuple = ()):
         """The value of `term` at index tuple `idx`; `conds` are the conditions under which
         the element is really read (padding), carried into every load below."""
-        key = (term, idx, conds)
+        key = (term, tuple(idx), conds)
         if key not in self._memo:
-            self._memo[key] = self._value(term, tuple(idx), conds)
+            self._run(key, self._value(*key))
         return self._memo[key]
 
+    def _run(self, key, reads):
+        """Drive generator `reads` (yields the (term, idx, conds) it reads, is sent their values)
+        on an explicit stack, memoised under `key` unless None: deep chains nest no frames."""
+        stack, sent = [(key, reads)], None
+        while True:
+            k, gen = stack[-1]
+            try:
+                want = gen.send(sent)
+            except StopIteration as done:
+                stack.pop()
+                sent = done.value
+                if k is not None:
+                    self._memo[k] = sent
+                if not stack:
+                    return sent
+                continue
+            want = (want[0], tuple(want[1]), want[2])
+            sent = self._memo.get(want, _UNKNOWN)
+            if sent is _UNKNOWN:
+                stack.append((want, self._value(*want)))
+                sent = None
+
     def _value(self, t: Term, idx: tuple, conds: tuple):
+        """A generator (see _run): yields the reads `t` at idx needs, returns its value."""
         if t in self.fused:
             return self.fused[t]
         if t in self.buffers:
@@ -112,69 +124,77 @@ class Values:
         if op == "access-literal":
             return fconst(t.args[0])
         if op == "access":
-            return self.value(t.args[0], idx, conds)
+            return (yield t.args[0], idx, conds)
         child = t.args[0] if t.args and isinstance(t.args[0], Term) else None
         if op == "access-transpose":
             c = [None] * len(idx)
             for k, p in enumerate(t.args[1]):
                 c[p] = idx[k]
-            return self.value(child, tuple(c), conds)
+            return (yield child, tuple(c), conds)
         if op in ("access-reshape", "access-flatten"):
             cd, d = self.dims(child), self.dims(t)
             c = idx if cd == d else unflat(flat(idx, d), cd)
-            return self.value(child, c, conds)
+            return (yield child, c, conds)
         if op == "access-squeeze":
             a = t.args[1]
-            return self.value(child, idx[:a] + (const(0),) + idx[a:], conds)
+            return (yield child, idx[:a] + (const(0),) + idx[a:], conds)
         if op == "access-insert-axis":
             a = t.args[1]
-            return self.value(child, idx[:a] + idx[a + 1:], conds)
+            return (yield child, idx[:a] + idx[a + 1:], conds)
         if op == "access-slice":
             _, axis, lo, _hi = t.args
-            return self.value(child, idx[:axis] + (add(idx[axis], lo),) + idx[axis + 1:], conds)
+            return (yield child, idx[:axis] + (add(idx[axis], lo),) + idx[axis + 1:], conds)
         if op == "access-broadcast":
             cd, d = self.dims(child), self.dims(t)
-            return self.value(child, tuple(const(0) if c == 1 and n != 1 else i
-                                           for i, c, n in zip(idx, cd, d)), conds)
+            return (yield child, tuple(const(0) if c == 1 and n != 1 else i
+                                       for i, c, n in zip(idx, cd, d)), conds)
         if op in ("access-windows", "access-dilated-windows"):
-            return self._windows(t, idx, conds)
+            return (yield self._windows(t, idx, conds))
+        if op == "access-gather":
+            data, index, axis = t.args
+            k = len(self.dims(index))
+            at = gathered((yield index, idx[axis:axis + k], conds), self.dims(data)[axis])
+            return (yield data, idx[:axis] + (at,) + idx[axis + k:], conds)
         if op == "access-pad":
-            return self._pad(t, idx, conds)
+            return (yield from self._pad(t, idx, conds))
         if op == "access-concatenate":
-            return self._concatenate(t, idx, conds)
+            return (yield from self._concatenate(t, idx, conds))
         if op == "access-pair":
             n = n_iter(self.program, t)
             rest = idx[:n] + idx[n + 1:]
-            return self._pick(idx[n], lambda k: self.value(t.args[k], rest, conds))
+            return (yield from self._pick(idx[n], [(t.args[k], rest, conds) for k in (0, 1)]))
         if op == "access-cartesian-product":
             a, b = t.args
             na, nb = n_iter(self.program, a), n_iter(self.program, b)
             item = idx[na + nb + 1:]
             operands = (idx[:na] + item, idx[na:na + nb] + item)
-            return self._pick(idx[na + nb], lambda k: self.value(t.args[k], operands[k], conds))
+            return (yield from self._pick(idx[na + nb], [(t.args[k], operands[k], conds) for k in (0, 1)]))
         if op == "compute" and t.args[0].op in LOCAL_OPS:
-            return self._compute(t, idx, conds)
+            return (yield from self._apply(t.args[0], t.args[1], idx, conds))
+        # a nested _run: a nest of these is bounded (each reads up to 27 values or a row)
         if op == "compute" and t.args[0].op in UNROLLED_REDUCTIONS:
             return self._unrolled(t, idx, conds)
         if op == "compute" and t.args[0].op in NORMALISED:
             return normalised(self, t, idx, conds)
         raise Unsupported(f"{op} cannot be read as a view inside a kernel")
 
-    def _pick(self, k: Ix, operand):
-        """Operand 0 or 1 of a pair by the pair-axis index k (static where k is known)."""
+    def _pick(self, k: Ix, reads):
+        """Operand 0 or 1 of a pair by pair-axis index k (static where known) of `reads`."""
         if k.const is not None:
-            return operand(k.const)
-        return where(lt(k, 1), operand(0), operand(1))
+            return (yield reads[k.const])
+        return where(lt(k, 1), (yield reads[0]), (yield reads[1]))
 
     def _windows(self, t, idx, conds):
+        """The (term, idx, conds) read of windows t at idx (position * stride + offset * dilation)."""
         child, window, wstrides = t.args[0], t.args[1], t.args[2]
         dil = t.args[3] if t.op == "access-dilated-windows" else (1,) * len(window)
         n, r = n_iter(self.program, child), len(window)
         pos, win = idx[n:n + r], idx[n + r:]
         inner = tuple(add(mul(p, s), mul(w, d)) for p, w, s, d in zip(pos, win, wstrides, dil))
-        return self.value(child, idx[:n] + inner, conds)
+        return child, idx[:n] + inner, conds
 
     def _pad(self, t, idx, conds):
+        """Padding at idx: the fill outside, else the operand (a generator, see _run)."""
         child, ptype, axis, before, _after = t.args
         fill = fconst(0.0 if ptype.op == "zero-padding" else -math.inf)
         ci = add(idx[axis], -before)
@@ -182,22 +202,23 @@ class Values:
         if low is False or high is False:
             return fill
         inner_conds = conds + tuple(c for c in (low, high) if c is not True)
-        inner = self.value(child, idx[:axis] + (ci,) + idx[axis + 1:], inner_conds)
+        inner = yield child, idx[:axis] + (ci,) + idx[axis + 1:], inner_conds
         if inner[0] == "load" and fill == fconst(0.0):
             return inner         # the load itself is skipped, and reads 0, where padded
         return where(low, where(high, inner, fill), fill)
 
     def _concatenate(self, t, idx, conds):
+        """Concatenation at idx: one operand's value, or a select of both (a generator)."""
         a, b, axis = t.args
         da = self.dims(a)[axis]
         first = lt(idx[axis], da)
         shifted = idx[:axis] + (add(idx[axis], -da),) + idx[axis + 1:]
         if first is True:
-            return self.value(a, idx, conds)
+            return (yield a, idx, conds)
         if first is False:
-            return self.value(b, shifted, conds)
-        return where(first, self.value(a, idx, conds + (first,)),
-                     self.value(b, shifted, conds + (("ge", idx[axis], da),)))
+            return (yield b, shifted, conds)
+        return where(first, (yield a, idx, _narrowed(conds, first)),
+                     (yield b, shifted, _narrowed(conds, ("ge", idx[axis], da))))
 
     def _unrolled(self, t, idx, conds):
         """A small reduction folded here (folds.unrolled), at most UNROLL_LIMIT values."""
@@ -209,23 +230,25 @@ class Values:
 
     def _compute(self, t, idx, conds):
         """An inlined element-wise operator, in the float32 steps the reference takes."""
-        opterm, x_term = t.args
-        return self._apply(opterm, x_term, idx, conds)
+        return self._run(None, self._apply(*t.args, tuple(idx), conds))
 
     def _apply(self, opterm, x_term, idx, conds):
-        """Operator `opterm` over operand x_term at idx (a chain: F, then G on F's value)."""
-        name, params = opterm.op, opterm.args
-        if name == "chain":
-            f, g = params
-            return unary(g.op, g.args, self._apply(f, x_term, idx, conds))
+        """Operator `opterm` over operand x_term at idx (a chain: F, then each G, in a loop)."""
+        first, *maps = chain_parts(opterm)
+        name, params = first.op, first.args
         if name in UNARY_MAPS:
-            return unary(name, params, self.value(x_term, idx, conds))
-        n = n_iter(self.program, x_term)
-        if name == "lrn":
-            return self._lrn(x_term, n, params, idx, conds)
-        m = self.dims(x_term)[n]
-        ops = [self.value(x_term, idx[:n] + (const(k),) + idx[n:], conds) for k in range(m)]
-        return nary(name, ops)
+            v = unary(name, params, (yield x_term, idx, conds))
+        elif name == "lrn":
+            v = yield from self._lrn(x_term, n_iter(self.program, x_term), params, idx, conds)
+        else:
+            n = n_iter(self.program, x_term)
+            ops = []
+            for k in range(self.dims(x_term)[n]):
+                ops.append((yield x_term, idx[:n] + (const(k),) + idx[n:], conds))
+            v = nary(name, ops)
+        for g in maps:
+            v = unary(g.op, g.args, v)
+        return v
 
     def _lrn(self, x_term, axis, params, idx, conds):
         """ONNX LRN over the channel axis: neighbours read at shifted indices, zero outside."""
@@ -238,11 +261,16 @@ class Values:
             if low is False or high is False:
                 continue
             inner_conds = conds + tuple(c for c in (low, high) if c is not True)
-            v = self.value(x_term, idx[:axis] + (ci,) + idx[axis + 1:], inner_conds)
+            v = yield x_term, idx[:axis] + (ci,) + idx[axis + 1:], inner_conds
             sq = where(low, where(high, call("mul", v, v), fconst(0.0)), fconst(0.0))
             total = sq if total is None else call("add", total, sq)
         scale = call("add", fconst(bias), call("mul", fconst(float(_f32(alpha / size))), total))
-        return call("div", self.value(x_term, idx, conds), pow_value(scale, fconst(beta)))
+        return call("div", (yield x_term, idx, conds), pow_value(scale, fconst(beta)))
+
+def _narrowed(conds: tuple, c) -> tuple:
+    """conds and index condition c, less the bounds c makes redundant (same kind and index,
+    no tighter). Why: a concat chain's loads would carry a bound per level (quadratic text)."""
+    return tuple(d for d in conds if d[:2] != c[:2] or (d[2] < c[2] if c[0] == "lt" else d[2] > c[2])) + (c,)
 
 
 def _f32(v: float) -> float:

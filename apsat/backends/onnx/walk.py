@@ -8,12 +8,14 @@ consumer reads them (views.py); products, pools and element-wise work write node
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto
 
 from apsat.backends.onnx import views as vw
 from apsat.backends.onnx.compute import elementwise, operands, over_item, reduce, REDUCE_OPS
 from apsat.backends.onnx.contract import conv, matmul
-from apsat.backends.onnx.graph import Builder, Val
+from apsat.backends.onnx.graph import INTEGER_TYPES, Builder, Val
 from apsat.backends.onnx.pool import attention, pool
+from apsat.lang.semantics import gather_indices
 from apsat.lang.ops import COMPUTE_OPS, NARY_OPS, chain_parts, is_elementwise_op
 from apsat.lang.term import Term
 
@@ -61,6 +63,8 @@ class Walk:
             return vw.concatenate(b, kids[0], kids[1], args[2], shape)
         if op == "access-pad":
             return self.pad(kids[0], args, shape)
+        if op == "access-gather":
+            return self.gather(kids[0], kids[1], args[2], self.shape(args[0])[args[2]], shape)
         if op in ("access-windows", "access-dilated-windows"):
             return self.windows(t, kids[0], shape)
         if op == "access-pair":
@@ -85,6 +89,27 @@ class Walk:
         pads = [(0, 0)] * len(shape)
         pads[axis] = (lo, hi)
         return vw.Padded(base, tuple(pads), kind, shape)
+
+    def gather(self, data, index, axis: int, n: int, shape):
+        """ONNX Gather of the data by its float32-carried indices, read as access-gather
+        reads them: constant ones here (evaluate.gather_indices), others rounded half up
+        (Floor of + 0.5), cast to int64 and clipped into [-n, n - 1], Gather's own range,
+        whose negative indices count from the end."""
+        b = self.b
+        data = vw.dense_any(b, data)
+        index = vw.as_val(b, index, full=True)
+        if index.is_const:
+            at = b.const(gather_indices(index.logical_array(), n), "gather_index", np.int64)
+        else:
+            name = vw.dense_any(b, index)
+            source, elem = b._cast_from.get(name, (None, None))
+            if elem in INTEGER_TYPES:         # integer ids cast to float: gather by the ids
+                whole = source if elem == TensorProto.INT64 else b.op("Cast", [source], to=TensorProto.INT64)
+            else:
+                rounded = b.op("Floor", [b.op("Add", [name, b.const(np.float32(0.5))])])
+                whole = b.cast(rounded, TensorProto.INT64)
+            at = b.op("Clip", [whole, b.const(np.int64(-n), "lo", np.int64), b.const(np.int64(n - 1), "hi", np.int64)])
+        return vw.Val(b.op("Gather", [data, at], axis=axis), shape, tuple(range(len(shape))), shape)
 
     def windows(self, t: Term, src, shape):
         e, window = t.args[0], t.args[1]

@@ -49,9 +49,8 @@ from dataclasses import dataclass
 
 from apsat.backends.systolic.isa import ARRAY, Matmul, Operand, Preload, Region, Slot, Store, Vec
 from apsat.backends.systolic.tiles import folds, whole
-from apsat.lang.ops import VIEW_OPS
-from apsat.lang.program import apply_shape_rule
-from apsat.lang.term import ATTRIBUTE_OPS, Term, postorder
+from apsat.backends.systolic.split_item import lower_expansion
+from apsat.lang.term import ATTRIBUTE_OPS, Term
 from apsat.targets.systolic import attention_heads, attention_plan
 
 __all__ = ["lower_attention", "expansion"]
@@ -299,54 +298,15 @@ def expansion(t, iq: tuple, e: int, scalar_bias: bool, zero_bias: bool) -> tuple
     return compute("dot-product", mk("access-pair", pb, v)), new
 
 
-class _Extended:
-    """The program seen with the shapes of the expansion's terms besides its own."""
-
-    def __init__(self, program, shapes: dict):
-        self._program, self._shapes = program, shapes
-
-    def shape_of(self, term):
-        """The term's access shape: the expansion's, else the program's."""
-        return self._shapes[term] if term in self._shapes else self._program.shape_of(term)
-
-    def __getattr__(self, name):
-        return getattr(self._program, name)
-
-
 def _lower_expansion(L, t, why: str) -> None:
     """Lower the unfused expansion of `t` term by term into `t`'s buffer. Its terms are
     private to this atom: terms the program may hold elsewhere keep their own buffers
     (the buffer map is restored after), and only `t`'s operands' terms, lowered before
-    it, are read from their buffers. The groups it makes name why the scores spilled."""
+    it, are read from their buffers (split_item.lower_expansion). The groups it makes
+    name why the scores spilled."""
     _, qk, bias, v = t.args
     iq = tuple(L.program.shape_of(qk)[0])
     scalar = L.dims(bias) == ()
     zero = scalar and bias.op == "access-literal" and float(bias.args[0]) == 0.0
     root, new = expansion(t, iq, L.dims(v)[-2], scalar, zero)
-    inside = set(postorder(list(t.children())))
-    private = [u for u in dict.fromkeys(new) if u not in inside]
-    program = L.program
-    shapes: dict = {}
-    for u in private:
-        shapes[u] = apply_shape_rule(u.op, u.args, lambda c: shapes[c] if c in shapes else program.shape_of(c),
-                                     program.tensor_shapes)
-    saved = {u: (L.buf_of.pop(u, None), L.placed.pop(u, None), L.const.pop(u, None)) for u in private}
-    mark = len(L.stream.groups)
-    L.program = _Extended(program, shapes)
-    try:
-        for u in private:
-            L.const[u] = L._is_const(u)
-            if u.op in VIEW_OPS:
-                continue
-            L.buf_of[u] = L.buf_of[t] if u is root else L.new_buffer(L.dims(u))
-            L._lower_or_host(u)
-    finally:
-        L.program = program
-        for u, kept in saved.items():
-            for table, value in zip((L.buf_of, L.placed, L.const), kept):
-                if value is None:
-                    table.pop(u, None)
-                else:
-                    table[u] = value
-    for g in list(L.stream.groups.values())[mark:]:
-        g.label += f" (attention spilled: {why})"
+    lower_expansion(L, t, root, new, f"attention spilled: {why}")

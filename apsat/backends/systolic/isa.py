@@ -202,6 +202,21 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class Gather:
+    """DMA gather DRAM -> DRAM: buffer `dst` is view `src` along `axis` at the positions
+    view `index` holds (float32-carried integers read as the language's access-gather
+    reads them: negative from the end, clamped); `words` DRAM words read (the gathered
+    elements and the indices)."""
+
+    dst: str
+    src: str
+    index: str
+    axis: int
+    words: int
+    tag: str = ""
+
+
+@dataclass(frozen=True)
 class Preload:
     """The block `src` becomes the array's stationary operand (its load time is part of
     the fold's fill, as the analytical model counts it)."""
@@ -271,8 +286,8 @@ class Host:
     tag: str = ""
 
 
-Instruction = Union[Load, Store, Copy, Preload, Matmul, Vec, Host]
-OPCODES = {Load: "LOAD", Store: "STORE", Copy: "COPY", Preload: "PRELOAD", Matmul: "MATMUL",
+Instruction = Union[Load, Store, Copy, Gather, Preload, Matmul, Vec, Host]
+OPCODES = {Load: "LOAD", Store: "STORE", Copy: "COPY", Gather: "GATHER", Preload: "PRELOAD", Matmul: "MATMUL",
            Vec: "VEC", Host: "HOST"}
 
 

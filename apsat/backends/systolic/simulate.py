@@ -16,9 +16,10 @@ from collections import OrderedDict
 
 import numpy as np
 
+from apsat.lang.semantics import gather_indices
 from apsat.lang.semantics import LazyPair, apply_compute
 from apsat.backends.systolic import views as V
-from apsat.backends.systolic.isa import (ARRAY, DOT_MODES, SCRATCHPADS, Copy, Host, Load, Matmul, Operand,
+from apsat.backends.systolic.isa import (ARRAY, DOT_MODES, SCRATCHPADS, Copy, Gather, Host, Load, Matmul, Operand,
                                          Preload, Slot, Store, Stream, Vec)
 from apsat.backends.systolic.vector import parse_op
 from apsat.errors import ApsatError
@@ -155,6 +156,11 @@ class Machine:
                 dst[...] = value
             else:
                 dst[(slice(None),) * ins.axis + (slice(ins.lo, ins.hi),)] = value
+            self._written(ins.dst)
+        elif kind is Gather:
+            value = self.view_value(ins.src)
+            index = gather_indices(self.view_value(ins.index), value.shape[ins.axis])
+            self.buffer(ins.dst)[...] = np.take(value, index, axis=ins.axis)
             self._written(ins.dst)
         elif kind is Preload:
             self.array = np.array(self.operand(ins.src), dtype=np.float32)

@@ -35,7 +35,7 @@ from dataclasses import fields
 
 import numpy as np
 
-from apsat.backends.systolic.isa import (ARRAY, Buffer, Copy, Group, Host, Load, Matmul, Operand,
+from apsat.backends.systolic.isa import (ARRAY, Buffer, Copy, Gather, Group, Host, Load, Matmul, Operand,
                                          Preload, Region, Slot, Store, Stream, Vec, View)
 from apsat.backends.systolic.views import dims_after, parse_step, step_text
 from apsat.lang.program import OpaqueNode
@@ -169,6 +169,8 @@ def instruction_text(ins) -> str:
     if isinstance(ins, Copy):
         part = "" if ins.axis is None else f" axis={ins.axis} {ins.lo}:{ins.hi}"
         return f"COPY {ins.dst}{part} <- {ins.src} words={ins.words}{tag}"
+    if isinstance(ins, Gather):
+        return f"GATHER {ins.dst} <- {ins.src} by {ins.index} axis={ins.axis} words={ins.words}{tag}"
     if isinstance(ins, Preload):
         return f"PRELOAD {ins.src.text()}{tag}"
     if isinstance(ins, Matmul):
@@ -247,6 +249,8 @@ def parse_instruction(line: str):
             lo, hi = tok[3].split(":")
             return Copy(tok[1], tok[5], int(kv["words"]), int(kv["axis"]), int(lo), int(hi), tag)
         return Copy(tok[1], tok[3], int(kv["words"]), tag=tag)
+    if op == "GATHER":
+        return Gather(tok[1], tok[3], tok[5], int(kv["axis"]), int(kv["words"]), tag)
     if op == "PRELOAD":
         return Preload(_operand(tok[1]), tag)
     if op == "MATMUL":

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from apsat.backends.systolic.isa import ARRAY, DOT_MODES, Copy, Host, Load, Matmul, Preload, Store, Stream, Vec
+from apsat.backends.systolic.isa import ARRAY, DOT_MODES, Copy, Gather, Host, Load, Matmul, Preload, Store, Stream, Vec
 from apsat.backends.systolic.vector import operator_term
 from apsat.lang.arithmetic import operator_flops
 from apsat.targets.pair_dot import VECTOR_OPS_PER_MAC
@@ -118,6 +118,12 @@ def footprint_of(stream: Stream, ins):
         return (("dma.ifmap", "dma.ofmap"), max(dram_cycles(acc, ins.words), dram_cycles(acc, written)),
                 [_dram(stream, base)], [_dram(stream, ins.dst)],
                 {base: ins.words}, {ins.dst: written})
+    if kind is Gather:
+        bases = [stream.views[v].base for v in (ins.src, ins.index)]
+        written = stream.buffers[ins.dst].size
+        return (("dma.ifmap", "dma.ofmap"), max(dram_cycles(acc, ins.words), dram_cycles(acc, written)),
+                [_dram(stream, b) for b in bases], [_dram(stream, ins.dst)],
+                {b: ins.words for b in bases[:1]}, {ins.dst: written})
     if kind is Preload:
         return (("array",), 0, [_operand(ins.src)], [_whole(ARRAY)], {}, {})
     if kind is Matmul:

@@ -30,7 +30,8 @@ import math
 from functools import lru_cache
 
 from apsat.backends.systolic import inplace
-from apsat.backends.systolic.isa import Copy, Operand, Region, Slot, Store, Vec
+from apsat.backends.systolic.split_item import lower_split
+from apsat.backends.systolic.isa import Copy, Gather, Operand, Region, Slot, Store, Vec
 from apsat.lang.ops import COMPUTE_OPS, NARY_OPS, UNARY_MAPS
 
 # The registry's operator classes: unary maps (UNARY_MAPS) run as maps, n-ary operators
@@ -130,6 +131,8 @@ def lower_compute(L, t) -> None:
     if per < 1 and name in FIRST_AXIS and len(item) > 1:
         _axis0(L, t, base, steps, name, text, rows, tuple(item), out_cols)
         return
+    if per < 1 and lower_split(L, t, tuple(it), tuple(item), min(L.half_words("ifmap"), L.half_words("ofmap"))):
+        return
     if per < 1:
         raise Unlowerable(f"{name}: an item of {cols} elements does not fit half of a scratchpad")
     a = L.matrix(base, steps, rows, cols)
@@ -190,6 +193,13 @@ def lower_copy(L, t) -> None:
                     begun = True
                 L.emit(Copy(out, v, L.dram_words(v, L.stream.views[v].size), axis, at + lo, at + hi, L.tag))
             lo = hi
+        return
+    if t.op == "access-gather":
+        data, index, axis = t.args
+        src, ix = (L.view(*L.need_chain(u, f"access-gather's {w}")) for u, w in ((data, "data"), (index, "indices")))
+        words = math.prod(L.dims(t)) + L.dram_words(ix, L.stream.views[ix].size)
+        L.begin(t, "copy", t.op)
+        L.emit(Gather(out, src, ix, axis, words, L.tag))
         return
     x = t.args[0]
     base, steps = L.need_chain(x, f"{t.op}'s operand")

@@ -174,7 +174,7 @@ def test_interpreted_run_leaves_the_environment_alone(preset, cache, monkeypatch
 # ---- bounded caches --------------------------------------------------------------------------
 
 def test_onnxruntime_session_cache_is_bounded(monkeypatch):
-    from apsat.lang import evaluate as reference
+    from apsat.lang import opaque_eval as reference
 
     monkeypatch.setattr(reference, "MAX_SESSIONS", 3)
     x = np.random.default_rng(4).standard_normal((2, 3)).astype(np.float32)

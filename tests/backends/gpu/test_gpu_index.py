@@ -13,7 +13,8 @@ import re
 
 import pytest
 
-from apsat.backends.gpu.expr import add, div, mod, mul, render_ix, var
+from apsat.backends.gpu.emit import render_ix
+from apsat.backends.gpu.expr import add, div, mod, mul, var
 
 I, J = var("i", 8), var("j", 5)
 CASES = {
