@@ -1,13 +1,15 @@
 """apsat: equality saturation for tensor programs over Glenside-style access patterns.
 
-Public API: parse, Program, EGraph, extract, evaluate, load_onnx, optimize, ApsatError.
+Public API: parse, Program, EGraph, extract, evaluate, load_onnx, optimize, ApsatError,
+InternalError (a bug in apsat, not bad input: not an ApsatError).
 The heavier parts (egglog, onnx, onnxruntime) load on first use.
 """
 from apsat.lang.program import Program, parse
-from apsat.errors import ApsatError
+from apsat.errors import ApsatError, InternalError
 from apsat.extract import extract  # binds the name over the subpackage attribute of the same name
 
-__all__ = ["Program", "parse", "EGraph", "extract", "evaluate", "load_onnx", "optimize", "ApsatError"]
+__all__ = ["Program", "parse", "EGraph", "extract", "evaluate", "load_onnx", "optimize", "ApsatError",
+           "InternalError"]
 
 _LAZY = {
     "EGraph": ("apsat.explore.egraph", "EGraph"),

@@ -129,8 +129,9 @@ def _shrink_list(key: str, value: list) -> list:
     return value
 
 
-def tiny_config(tf, model_type: str):
-    """The model type's config class built from its defaults, shrunk, without a cache."""
+def tiny_config(tf, model_type: str, extra: dict | None = None):
+    """The model type's config class built from its defaults, shrunk (then `extra`'s
+    fields set), without a cache."""
     from transformers import AutoConfig
 
     base = AutoConfig.for_model(model_type).to_dict()
@@ -140,6 +141,7 @@ def tiny_config(tf, model_type: str):
     if "use_cache" in base:
         d["use_cache"] = False
     d.setdefault("num_labels", 2)
+    d.update(extra or {})
     # mixture-of-experts layers: one batched matmul over every expert traces to plain ops,
     # where the default loop over the experts chosen counts tokens with histc (no ONNX form)
     return AutoConfig.for_model(model_type, **d, experts_implementation="batched_mm")
@@ -180,19 +182,24 @@ def make_inputs(model, config) -> dict:
         inputs["input_features"] = rng.standard_normal((1, mels, frames)).astype(np.float32)
     else:
         raise NotImplementedError(f"main input {main!r} has no generator here")
-    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:  # not an encoder's
         inputs["decoder_input_ids"] = ids(DEC_SEQ)
     return inputs
 
 
-def build(model_type: str, torch, tf):
+def build(model_type: str, torch, tf, part: str = "model", extra: dict | None = None):
     """(module returning one tensor, inputs, config dict) of AutoModel for one model type,
-    from its tiny config with seeded random weights, in eval mode."""
+    from its tiny config with seeded random weights, in eval mode; part "encoder" takes an
+    encoder-decoder's encoder alone; `extra` sets config fields after the shrink."""
     from transformers import AutoModel
 
-    config = tiny_config(tf, model_type)
+    config = tiny_config(tf, model_type, extra)
     torch.manual_seed(SEED)
     model = AutoModel.from_config(config).eval()
+    if part == "encoder":
+        if not getattr(config, "is_encoder_decoder", False) or not hasattr(model, "get_encoder"):
+            raise ValueError(f"{model_type} is not an encoder-decoder")
+        model = model.get_encoder().eval()
     inputs = make_inputs(model, config)
     return first_output(torch, model, list(inputs)), inputs, _summary(config)
 

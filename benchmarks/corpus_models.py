@@ -77,8 +77,9 @@ def catalogue(libs) -> tuple[list[Arch], dict[str, str]]:
     return archs, dict(sorted(skipped.items()))
 
 
-def build(arch: Arch, candidate: str, libs):
-    """The export_zoo.Spec of one candidate of an architecture."""
+def build(arch: Arch, candidate: str, libs, extra: dict | None = None):
+    """The export_zoo.Spec of one candidate of an architecture; `extra` overrides the
+    library builder's keywords or config fields (the CI sample's smaller sizes)."""
     import corpus_hf
     import corpus_timm
     import corpus_tv
@@ -86,7 +87,7 @@ def build(arch: Arch, candidate: str, libs):
     torch, tv, tf, timm = libs
     torch.manual_seed(SEED)
     if arch.library == "timm":
-        model, size, kw = corpus_timm.build(candidate, torch, timm)
+        model, size, kw = corpus_timm.build(candidate, torch, timm, extra)
         name = corpus_timm.TABLE[candidate][0]
         source = f"timm.create_model({name!r}, pretrained=False, num_classes=10, ...)"
         inputs = {"pixel_values": ez.normal(1, 3, size, size)}
@@ -95,7 +96,7 @@ def build(arch: Arch, candidate: str, libs):
         return corpus_tv.BUILDERS[candidate](torch, tv, tf)
     else:
         model_type, _, part = candidate.partition(":")
-        module, inputs, cfg = corpus_hf.build(model_type, torch, tf, part or "model")
+        module, inputs, cfg = corpus_hf.build(model_type, torch, tf, part or "model", extra)
         source = f"transformers.AutoModel.from_config(AutoConfig.for_model({model_type!r}, ...))"
         source += ".get_encoder()" if part else ""
         spec = ez.Spec(module, inputs, ["output"], arch.library, source, cfg)

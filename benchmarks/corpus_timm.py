@@ -109,7 +109,7 @@ TABLE = {
     "tiny_vit": ("tiny_vit_5m_224", IMG, {}), "tnt": ("tnt_s_legacy_patch16_224", IMG, {"img_size": IMG, "depth": 2}),
     "tresnet": ("tresnet_m", IMG, {**ONE_BLOCK, "width_factor": 0.5}),
     "twins": ("twins_svt_small", IMG, {"img_size": IMG, **STAGES}),
-    "vgg": ("vgg11", IMG, {"cfg": [16, "M", 32, "M", 64, "M", 128, "M", 128, "M"], "mlp_ratio": 0.125}),
+    "vgg": ("vgg11", 224, {"cfg": [16, "M", 32, "M", 64, "M", 128, "M", 128, "M"], "mlp_ratio": 0.125}),  # 7x7 head
     "visformer": ("visformer_tiny", IMG, {"img_size": IMG, **VIT}),
     "vision_transformer": ("test_vit", IMG, {"img_size": IMG}),
     "vision_transformer_hybrid": ("vit_tiny_r_s16_p8_224", IMG, {"img_size": IMG}),
@@ -135,10 +135,13 @@ def families(timm) -> tuple[dict, dict]:
     return fams, skipped
 
 
-def build(family: str, torch, timm):
+def build(family: str, torch, timm, extra: dict | None = None):
     """(model in eval mode, image size, the keywords used) of one family, seeded, with
-    pretrained=False and 10 classes."""
+    pretrained=False and 10 classes; `extra` overrides the table's keywords (and
+    "img_size" the image size)."""
     name, size, overrides = TABLE[family]
+    overrides = {**overrides, **(extra or {})}
+    size = overrides.get("img_size", size)
     torch.manual_seed(0)
     if family == "mvitv2":
         from timm.models.mvitv2 import MultiScaleVit, MultiScaleVitCfg

@@ -103,10 +103,12 @@ def _vgg(torch, tv, tf):
     from torchvision.models.vgg import VGG, make_layers
     layout = [8, "M", 16, "M", 32, 32, "M", 64, 64, "M", 64, 64, "M"]
     m = VGG(make_layers(layout, batch_norm=True), num_classes=10)
-    m.classifier = torch.nn.Sequential(torch.nn.Linear(64 * 7 * 7, 64), torch.nn.ReLU(True), torch.nn.Dropout(),
+    m.avgpool = torch.nn.AdaptiveAvgPool2d(1)     # 2x2 -> 7x7 has no ONNX form at 64x64 input
+    m.classifier = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(True), torch.nn.Dropout(),
                                        torch.nn.Linear(64, 64), torch.nn.ReLU(True), torch.nn.Dropout(),
                                        torch.nn.Linear(64, 10))
-    return ez.vision_spec(torch, m, IMG, "cnn", {"layers": layout, "batch_norm": True, "classifier": [64, 64]})
+    return ez.vision_spec(torch, m, IMG, "cnn", {"layers": layout, "batch_norm": True, "avgpool": 1,
+                                                 "classifier": [64, 64]})
 
 
 def _swin_v2(torch, tv, tf):
@@ -151,7 +153,7 @@ def first_tensor_of(torch, model):
 
 
 def _raft(torch, tv, tf):
-    """RAFT-small on two 64x64 frames, two flow updates (the default twelve repeat the same
+    """RAFT-small on two 128x128 frames (its correlation pyramid needs 16x16 features), two flow updates (the default twelve repeat the same
     update block); the last flow estimate."""
     m = tv.models.optical_flow.raft_small(weights=None)
 
@@ -166,7 +168,7 @@ def _raft(torch, tv, tf):
             """The flow from image1 to image2 after two updates."""
             return self.model(image1, image2, num_flow_updates=2)[-1]
 
-    frames = {"image1": ez.normal(1, 3, IMG, IMG), "image2": ez.normal(1, 3, IMG, IMG, seed=1)}
+    frames = {"image1": ez.normal(1, 3, 128, 128), "image2": ez.normal(1, 3, 128, 128, seed=1)}
     return ez.Spec(TwoUpdates().eval(), frames, ["flow"], "cnn", "torchvision.models.optical_flow.raft_small",
                    {"num_flow_updates": 2})
 

@@ -49,8 +49,10 @@ def run_light_zoo(out_dir: Path, target: str = "gpu", jobs: int = 2) -> Path:
     start = time.perf_counter()
     rows = run_local(tasks, jobs=jobs)
     wall = time.perf_counter() - start
-    for r in rows:
-        print(f"{r['model']:>16}  {r['status']:<8} {r.get('seconds') or 0:6.1f} s  {r.get('error', '')}")
+    for r in rows:      # the phases' sum beside the total: what no phase owns shows as their gap
+        timed = sum((r.get("phase_seconds") or {}).values())
+        print(f"{r['model']:>16}  {r['status']:<8} {r.get('seconds') or 0:6.1f} s  phases {timed:6.1f} s  "
+              f"{r.get('error', '')}")
     return write_report(rows, out_dir, title="apsat zoo: the onnx light models",
                         meta={"target": target, "wall_seconds": wall, "jobs": jobs})
 
@@ -134,13 +136,14 @@ def write_figures(rows: list[dict], directory: Path) -> list[Path]:
 
 def page_height(html: Path, width: int) -> int:
     """A screenshot height that holds the whole page (generous: render crops the blank
-    end): 30 px a table row, and the plots two to a row, each scaled to its column."""
+    end): the header, the table's scrolling box (at most 900 px, 30 px a row) and the
+    plots, two to a row, each at its natural size or shrunk to its column."""
     text = html.read_text(encoding="utf-8")
     sizes = [(float(w), float(h)) for w, h in re.findall(r'<svg[^>]*?width="([\d.]+)pt" height="([\d.]+)pt"', text)]
     column = (width - 64) / 2
-    heights = [h / w * column for w, h in sizes]
-    plots = sum(max(heights[i:i + 2]) + 40 for i in range(0, len(heights), 2))
-    return int(600 + 30 * text.count("<tr>") + plots)
+    heights = [h * min(1.0, column / (w * 4 / 3)) * 4 / 3 for w, h in sizes]     # pt to CSS px
+    plots = sum(max(heights[i:i + 2]) + 60 for i in range(0, len(heights), 2))
+    return int(500 + min(900, 30 * text.count("<tr>")) + plots)
 
 
 def _crop_blank_end(png: Path) -> None:
@@ -149,7 +152,8 @@ def _crop_blank_end(png: Path) -> None:
 
     with Image.open(png) as im:
         rgb = im.convert("RGB")
-    box = ImageChops.difference(rgb, Image.new("RGB", rgb.size, rgb.getpixel((rgb.width - 1, rgb.height - 1)))).getbbox()
+    background = Image.new("RGB", rgb.size, rgb.getpixel((rgb.width - 1, rgb.height - 1)))
+    box = ImageChops.difference(rgb, background).getbbox()
     if box and box[3] + 24 < rgb.height:
         rgb.crop((0, 0, rgb.width, box[3] + 24)).save(png)
 
@@ -191,7 +195,9 @@ def main() -> None:
         from apsat.pipeline.report_html import write_report
 
         rows = synthetic_rows(args.synthetic)
-        print(f"report: {write_report(rows, args.html.parent, title=f'apsat zoo: {args.synthetic} synthetic models', meta={'wall_seconds': sum(r['seconds'] for r in rows) / 2, 'jobs': 2})}")
+        meta = {"wall_seconds": sum(r["seconds"] for r in rows) / 2, "jobs": 2}
+        title = f"apsat zoo: {args.synthetic} synthetic models"
+        print(f"report: {write_report(rows, args.html.parent, title=title, meta=meta)}")
         for path in write_figures(rows, args.figures) if args.figures else []:
             print(f"figure: {path}")
     elif not args.html.is_file():

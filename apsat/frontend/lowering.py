@@ -17,6 +17,7 @@ import onnx
 
 from apsat.frontend import lowering_convtranspose as convt
 from apsat.frontend import lowering_gather as gather
+from apsat.frontend.lowering_einsum import lower_einsum
 from apsat.frontend import lowering_nn as nn
 from apsat.frontend import lowering_norm as norm
 from apsat.frontend import lowering_reduce as red
@@ -292,6 +293,7 @@ LOWERINGS: dict = {
     "GatherElements": gather.lower_gather_elements,
     "GatherND": gather.lower_gather_nd,
     "CumSum": gather.lower_cumsum,
+    "Einsum": lower_einsum,
     "Expand": tensor.lower_expand,
     "Pad": tensor.lower_pad,
     # neural-network ops

@@ -190,8 +190,10 @@ def _table(rows: list[dict], labels: list[str], out: Path) -> str:
             cls = ' class="txt"' if key in ("model", "status", "reason") else ""
             cells.append(f'<td{cls}{num} data-v="{_e("" if value is None else value)}">{inner}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<table id="models"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
-            '<p class="note">Speed-up: modelled by the target\'s cost model, not measured. '
+    # in a box of its own that scrolls (header row kept in view): 150 models' rows would
+    # otherwise push the plots thousands of pixels down the page
+    return (f'<div class="rows"><table id="models"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
+            '</tbody></table></div><p class="note">Speed-up: modelled by the target\'s cost model, not measured. '
             "Kernels ÷ ONNX nodes below 1: fewer launches than onnxruntime's one per node.</p>")
 
 
@@ -200,7 +202,9 @@ h1{margin:0 0 4px}h2{margin:28px 0 8px}.tally{font-size:1.15em;margin:4px 0}.st{
 dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:8px 0}dt{color:#57606a}dd{margin:0}
 table{border-collapse:collapse;font-size:13px}th,td{padding:4px 8px;border-bottom:1px solid #d0d7de;text-align:right}
 th{background:#f6f8fa;cursor:pointer;user-select:none;position:sticky;top:0}th:hover{background:#eaeef2}
-td.txt{text-align:left}td.txt:last-child{min-width:220px}.why{color:#57606a;font-size:12px}.note{color:#57606a;font-size:12px}
+td.txt{text-align:left}td.txt:first-child{white-space:nowrap}td.txt:last-child{min-width:220px}
+.rows{max-height:min(70vh,900px);overflow:auto;border-bottom:1px solid #d0d7de}
+.why{color:#57606a;font-size:12px}.note{color:#57606a;font-size:12px}
 th.asc::after{content:" ▲"}th.desc::after{content:" ▼"}
 .plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(600px,1fr));gap:16px}
 .plots figure{margin:0}.plots svg{max-width:100%;height:auto}"""
@@ -239,10 +243,11 @@ def _plots(rows: list[dict]) -> list[tuple[str, str]]:
 
 def _svg(fig, prefix: str) -> str:
     """The figure as an inline <svg> element: no XML prolog or DOCTYPE, ids made unique
-    per plot (several SVGs share one HTML document)."""
+    per plot (several SVGs share one HTML document). Saved as laid out (report_plots
+    settles each figure's layout with everything inside it): no "tight" bounding box,
+    which would draw every figure twice."""
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight",
-                metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
+    fig.savefig(buf, format="svg", metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
     text = buf.getvalue()
     text = text[text.index("<svg"):]
     text = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}{m.group(1)}"', text)

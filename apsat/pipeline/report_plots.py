@@ -14,7 +14,8 @@ tests/pipeline/test_report_scale.py checks on the rendered figures:
   and no figure grows without bound;
 - names are tick labels or legend entries, never free text over other text: phase names
   sit in a legend outside the axes or along an axis whose labels are rotated and spaced
-  for their length; a scatter point is named only where its name overlaps no other;
+  for their length; a scatter point is named only where its name overlaps no other
+  (apsat.pipeline.report_points draws the growth lines and the scatter);
 - the layout is settled (constrained) and then frozen, so what is measured is what is saved.
 """
 from __future__ import annotations
@@ -26,15 +27,13 @@ ROW_INCHES = 0.2            # a model's row: 7-pt tick labels with air between t
 ROWS_PER_FIGURE = 50        # 50 rows: a figure about 11 inches high at most
 LOG_SPAN = 10               # a panel whose largest speed-up is over 10x its smallest is logarithmic
 LABEL_CHARS = 30            # model names cut to this in plots (the table has them whole)
-NAMED_LINES = 10            # growth plots name up to this many models (a light zoo: 9); more: grey lines, median
-NAMED_POINTS = 12           # a scatter panel names at most this many points, the most unusual
 BAR_REACH = 0.78            # the longest bar ends here (fraction of the axis), leaving room for its value
 STYLE = {"font.size": 8, "axes.titlesize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7,
          "legend.fontsize": 7, "axes.spines.top": False, "axes.spines.right": False}
 OTHER = "other (untimed)"
 
 
-def _styled(draw):
+def styled(draw):
     """Run a figure function under STYLE: matplotlib reads text sizes as each artist is
     made, so the whole drawing, not just the figure's creation, must be inside it."""
     @functools.wraps(draw)
@@ -50,35 +49,39 @@ def report_figures(rows: list[dict]) -> list[tuple[str, object]]:
     """Every plot of the report, as (caption, Figure): speed-ups, e-graph growth, seconds
     per phase, kernels (or cycles) against ONNX nodes. `rows` are finished models' rows; a
     plot with nothing to show says so."""
+    from apsat.pipeline.report_points import growth_figures, work_figures
+
     return speedup_figures(rows) + growth_figures(rows) + time_figures(rows) + work_figures(rows)
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
 
-def _num(value):
+def number(value):
+    """`value` when it is a number (not a bool), else None."""
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _short(text, limit: int = LABEL_CHARS) -> str:
+def short_name(text, limit: int = LABEL_CHARS) -> str:
     """A name as a plot shows it: cut to `limit`, `$` escaped (it would start mathtext)."""
     text = str(text)
     text = text if len(text) <= limit else text[:limit - 1] + "…"
     return text.replace("$", r"\$")
 
 
-def _unique(items) -> list:
+def unique(items) -> list:
+    """The items once each, in their first order."""
     return list(dict.fromkeys(items))
 
 
-def _labels(rows: list[dict]) -> list[str]:
+def plot_labels(rows: list[dict]) -> list[str]:
     """Each row's name in a plot: the model, with its target when the rows have several."""
     several = len({r.get("target") for r in rows}) > 1
     # a long name is cut, its target kept whole: rows of two targets stay told apart
-    return [_short(r.get("model", "?"), LABEL_CHARS - len(str(r.get("target"))) - 3) + f" ({r.get('target')})"
-            if several else _short(r.get("model", "?")) for r in rows]
+    return [short_name(r.get("model", "?"), LABEL_CHARS - len(str(r.get("target"))) - 3) + f" ({r.get('target')})"
+            if several else short_name(r.get("model", "?")) for r in rows]
 
 
-def _figure(width: float, height: float, ncols: int = 1, **kw):
+def new_figure(width: float, height: float, ncols: int = 1, **kw):
     """A pyplot-free Figure with constrained layout and a row of `ncols` axes (a list).
     Its canvas is Agg's, whose renderer measures text (_name_points); saving as SVG or PNG
     works as ever."""
@@ -90,20 +93,23 @@ def _figure(width: float, height: float, ncols: int = 1, **kw):
     return fig, list(fig.subplots(1, ncols, squeeze=False, **kw)[0])
 
 
-def _settle(fig):
-    """Lay the figure out once and freeze it: saving (or measuring) it later moves nothing."""
-    fig.draw_without_rendering()
+def settle(fig):
+    """Lay the figure out once and freeze it: saving (or measuring) it later moves nothing.
+    Only the layout engine runs (it measures every text), not a whole draw: a draw here
+    was most of the time a 150-model report took to make."""
+    fig.get_layout_engine().execute(fig)
     fig.set_layout_engine("none")
     return fig
 
 
-def _empty(what: str) -> object:
-    fig, (ax,) = _figure(6.4, 1.6)
+def empty_figure(what: str) -> object:
+    """A small figure that says there is no `what` to plot (every row failed, say)."""
+    fig, (ax,) = new_figure(6.4, 1.6)
     ax.text(0.5, 0.5, f"no {what} to plot", ha="center", va="center", transform=ax.transAxes,
             color="#57606a")
     ax.set_xticks([])
     ax.set_yticks([])
-    return _settle(fig)
+    return settle(fig)
 
 
 def _pages(n: int) -> list[range]:
@@ -115,6 +121,7 @@ def _pages(n: int) -> list[range]:
 
 
 def _caption(what: str, page: range, n: int, pages: int, noun: str = "models") -> str:
+    """A figure's caption: `what`, and which rows it holds when there are several pages."""
     return what if pages == 1 else f"{what} ({noun} {page.start + 1}–{page.stop} of {n})"
 
 
@@ -138,42 +145,44 @@ def _axis_range(values: list[float]) -> tuple[bool, float, float]:
 
 
 def _times(v: float) -> str:
+    """A speed-up as its bar's label: three significant figures at most (855×, 48.9×, 2.33×)."""
     return f"{v:.0f}×" if v >= 100 else f"{v:.1f}×" if v >= 10 else f"{v:.2f}×"
 
 
-@_styled
+@styled
 def speedup_figures(rows: list[dict]) -> list[tuple[str, object]]:
     """Modelled speed-up per model: one panel per target side by side, models as rows
     shared by the panels, each panel with its own axis (_axis_range, the same on every
     page), the value at each bar's end, a dashed line at 1x."""
     what = "Modelled speed-up per model, one panel per target"
-    data = [r for r in rows if (_num(r.get("speedup")) or 0) > 0]
+    data = [r for r in rows if (number(r.get("speedup")) or 0) > 0]
     if not data:
-        return [(what, _empty("speed-ups"))]
-    targets = _unique(str(r.get("target")) for r in data)
-    models = _unique(str(r.get("model")) for r in data)
+        return [(what, empty_figure("speed-ups"))]
+    targets = unique(str(r.get("target")) for r in data)
+    models = unique(str(r.get("model")) for r in data)
     value = {(str(r.get("model")), str(r.get("target"))): float(r["speedup"]) for r in data}
     axis = {t: _axis_range([v for (_, tt), v in value.items() if tt == t]) for t in targets}
     out = []
     for page in (pages := _pages(len(models))):
         names = [models[i] for i in page]
-        fig, axes = _figure(1.9 + 2.9 * len(targets), _rows_height(len(names)), len(targets), sharey=True)
+        fig, axes = new_figure(1.9 + 2.9 * len(targets), _rows_height(len(names)), len(targets), sharey=True)
         for ax, target in zip(axes, targets):
             _speedup_panel(ax, [value.get((m, target)) for m in names], target, axis[target])
-        axes[0].set_yticks(range(len(names)), [_short(m) for m in names])
+        axes[0].set_yticks(range(len(names)), [short_name(m) for m in names])
         axes[0].set_ylim(len(names) - 0.5, -0.5)          # first model on top, on every panel
-        out.append((_caption(what, page, len(models), len(pages)), _settle(fig)))
+        out.append((_caption(what, page, len(models), len(pages)), settle(fig)))
     return out
 
 
 def _speedup_panel(ax, values: list, target: str, axis: tuple[bool, float, float]) -> None:
     """One target's bars; a model without a result for it gets an en dash, not a bar."""
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     log, left, right = axis
     if log:
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))    # 100, not 10²
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlim(left, right)
     ax.set_title(target)
     ax.set_xlabel("speed-up (×, log scale)" if log else "speed-up (×)")
@@ -187,78 +196,9 @@ def _speedup_panel(ax, values: list, target: str, axis: tuple[bool, float, float
         ax.axvline(1.0, color="#57606a", lw=0.8, ls="--")
 
 
-# ---- e-graph growth: one panel per target ----------------------------------------------------------
-
-def _phase_axis(order: list[str]) -> tuple[int, float]:
-    """(rotation, inches a phase) of a phase-name axis: 30° for names up to 10 letters,
-    spaced so that neighbouring labels' boxes stay apart; 90° for longer ones (a 90°
-    label is as wide as a line of text, whatever its length)."""
-    longest = max((len(p) for p in order), default=1)
-    return (30, 0.1 + 0.055 * longest) if longest <= 10 else (90, 0.26)
-
-
-@_styled
-def growth_figures(rows: list[dict]) -> list[tuple[str, object]]:
-    """E-graph nodes after each saturation phase: one panel per target (its own phases);
-    up to NAMED_LINES models as named lines, more as grey lines under their median."""
-    what = "E-graph size after each saturation phase, one panel per target"
-    data = [r for r in rows if any(_num(p.get("nodes")) is not None for p in r.get("phases") or [])]
-    if not data:
-        return [(what, _empty("saturation phases"))]
-    targets = _unique(str(r.get("target")) for r in data)
-    named = len(_unique(str(r.get("model")) for r in data)) <= NAMED_LINES
-    orders = {t: _merged([str(p.get("phase")) for p in r.get("phases") or []]
-                         for r in data if str(r.get("target")) == t) for t in targets}
-    width = 1.0 + sum(max(2.6, _phase_axis(o)[1] * len(o) + 0.6) for o in orders.values())
-    fig, axes = _figure(width, 3.8 if named else 3.4, len(targets))
-    colours = {m: f"C{i % 10}" for i, m in enumerate(_unique(str(r.get("model")) for r in data))}
-    for ax, target in zip(axes, targets):
-        order = orders[target]
-        lines = [(str(r.get("model")), [(order.index(str(p.get("phase"))), p["nodes"])
-                                        for p in r.get("phases") or [] if _num(p.get("nodes")) is not None])
-                 for r in data if str(r.get("target")) == target]
-        _growth_panel(ax, [(m, pts) for m, pts in lines if pts], named, colours)
-        rotation = _phase_axis(order)[0]
-        ax.set_xticks(range(len(order)), [_short(p) for p in order], rotation=rotation, ha="right",
-                      va="top" if rotation == 30 else "center", rotation_mode="anchor")
-        ax.set_title(target)
-        ax.set_xlabel("saturation phase")
-    axes[0].set_ylabel("e-graph nodes after the phase")
-    handles, names = axes[0].get_legend_handles_labels()
-    for ax in axes[1:]:
-        for h, n in zip(*ax.get_legend_handles_labels()):
-            if n not in names:
-                handles.append(h)
-                names.append(n)
-    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), frameon=False)
-    return [(what, _settle(fig))]
-
-
-def _growth_panel(ax, lines: list[tuple[str, list]], named: bool, colours: dict) -> None:
-    """One target's lines: named and coloured, or grey with the median of every phase."""
-    for k, (model, pts) in enumerate(lines):
-        xs, ys = zip(*pts)
-        if named:
-            ax.plot(xs, ys, marker="o", ms=3, color=colours[model], label=_short(model))
-        else:       # one legend entry for all the grey lines
-            ax.plot(xs, ys, color="#8c959f", lw=0.6, alpha=0.5, label="_" if k else "a model each")
-    if not named:
-        by_x: dict[int, list] = {}
-        for _, pts in lines:
-            for x, y in pts:
-                by_x.setdefault(x, []).append(y)
-        xs = sorted(by_x)
-        medians = [sorted(by_x[x])[len(by_x[x]) // 2] for x in xs]
-        ax.plot(xs, medians, marker="o", ms=3, color="#0969da", lw=1.6,
-                label=f"median of {len(lines)} models")
-    ys = [y for _, pts in lines for _, y in pts]
-    if ys and max(ys) / max(min(ys), 1) > 20:
-        ax.set_yscale("log")
-
-
 # ---- seconds per phase: stacked bars, phases in a legend ---------------------------------------
 
-def _merged(sequences) -> list[str]:
+def merged(sequences) -> list[str]:
     """Names of several ordered sequences merged, each after its predecessor in its own
     sequence (a row's phases are in pipeline order; rows of other targets add theirs)."""
     order: list[str] = []
@@ -275,8 +215,8 @@ def _with_other(row: dict) -> dict:
     """The row's phase seconds, plus OTHER when its total exceeds their sum by more than
     2% (and 0.05 s): rows stored by an older apsat timed only optimize's phases, and a bar
     should be as long as the model took."""
-    phases = {k: float(v) for k, v in (row.get("phase_seconds") or {}).items() if _num(v) is not None}
-    rest = (_num(row.get("seconds")) or 0.0) - sum(phases.values())
+    phases = {k: float(v) for k, v in (row.get("phase_seconds") or {}).items() if number(v) is not None}
+    rest = (number(row.get("seconds")) or 0.0) - sum(phases.values())
     return {**phases, OTHER: rest} if rest > max(0.05, 0.02 * sum(phases.values())) else phases
 
 
@@ -291,26 +231,27 @@ def _colours(phases: list[str]) -> dict:
     return {**{p: picks[i % 20] for i, p in enumerate(named)}, OTHER: "#d0d7de"}
 
 
-@_styled
+@styled
 def time_figures(rows: list[dict]) -> list[tuple[str, object]]:
     """Seconds per pipeline phase, a stacked bar a model (its length the model's total
     time), phase names in a legend above the bars; the same axis on every page."""
     from matplotlib.patches import Patch
 
     what = "Seconds per pipeline phase"
-    data = [(label, _with_other(r)) for r, label in zip(rows, _labels(rows)) if r.get("phase_seconds")]
+    data = [(label, _with_other(r)) for r, label in zip(rows, plot_labels(rows)) if r.get("phase_seconds")]
     if not data:
-        return [(what, _empty("phase timings"))]
-    phases = _merged(list(s) for _, s in data)
+        return [(what, empty_figure("phase timings"))]
+    phases = merged(list(s) for _, s in data)
     phases = [p for p in phases if p != OTHER] + ([OTHER] if OTHER in phases else [])
     colour = _colours(phases)
     right = max(sum(s.values()) for _, s in data) * 1.02 or 1.0
     ncol = min(len(phases), 5)
     legend_rows = math.ceil(len(phases) / ncol)
+    noun = "models" if len({r.get("target") for r in rows}) == 1 else "model-target rows"
     out = []
     for page in (pages := _pages(len(data))):
         part = [data[i] for i in page]
-        fig, (ax,) = _figure(6.4, _rows_height(len(part), 0.18 * legend_rows))
+        fig, (ax,) = new_figure(6.4, _rows_height(len(part), 0.18 * legend_rows))
         _stacked_bars(ax, [s for _, s in part], phases, colour)
         ax.set_yticks(range(len(part)), [label for label, _ in part])
         ax.set_ylim(len(part) - 0.5, -0.5)
@@ -318,8 +259,7 @@ def time_figures(rows: list[dict]) -> list[tuple[str, object]]:
         ax.set_xlabel("seconds (each bar: the model's whole run)")
         fig.legend(handles=[Patch(color=colour[p], label=p) for p in phases], loc="outside upper center",
                    ncol=ncol, frameon=False, handlelength=1.2, columnspacing=1.0)
-        noun = "models" if len({r.get("target") for r in rows}) == 1 else "model-target rows"
-        out.append((_caption(what, page, len(data), len(pages), noun), _settle(fig)))
+        out.append((_caption(what, page, len(data), len(pages), noun), settle(fig)))
     return out
 
 
@@ -338,73 +278,3 @@ def _stacked_bars(ax, seconds: list[dict], phases: list[str], colour: dict) -> N
                 boxes.append([(x, i - 0.35), (x + w, i - 0.35), (x + w, i + 0.35), (x, i + 0.35)])
                 left[i] += w
         ax.add_collection(PolyCollection(boxes, facecolors=[colour[phase]], edgecolors="none"))
-
-
-# ---- kernels or cycles against ONNX nodes: points named where the names fit --------------------
-
-@_styled
-def work_figures(rows: list[dict]) -> list[tuple[str, object]]:
-    """GPU kernels (or systolic cycles) against the ONNX model's node count, log-log, a
-    panel for each that the rows have; y = x (one kernel per ONNX node, onnxruntime's
-    way) on the kernels panel. Points are named where the name overlaps no other
-    (_name_points): all of a light zoo, the most unusual ones of a corpus."""
-    what = "Kernels (or cycles) against the ONNX node count"
-    panels = []
-    for key, ylabel in (("kernels", "GPU kernels after optimisation"), ("cycles", "systolic cycles (modelled)")):
-        mine = [r for r in rows if (_num(r.get(key)) or 0) > 0 and (_num(r.get("onnx_nodes")) or 0) > 0]
-        if mine:        # named by model, with the target only where the panel has several
-            panels.append((key, ylabel, [(lbl, r["onnx_nodes"], r[key]) for r, lbl in zip(mine, _labels(mine))]))
-    if not panels:
-        return [(what, _empty("kernel or cycle counts"))]
-    fig, axes = _figure(0.6 + 4.6 * len(panels), 4.8, len(panels))
-    for ax, (key, ylabel, pts) in zip(axes, panels):
-        _, xs, ys = zip(*pts)
-        ax.scatter(xs, ys, s=14, color="#0969da", zorder=3)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("ONNX nodes (onnxruntime: about one kernel a node)")
-        ax.set_ylabel(ylabel)
-        if key == "kernels":
-            lo, hi = min(xs + ys) * 0.8, max(xs + ys) * 1.25
-            ax.plot([lo, hi], [lo, hi], color="#57606a", lw=0.8, ls="--", label="y = x: one kernel per ONNX node")
-    if any(key == "kernels" for key, _, _ in panels):
-        fig.legend(loc="outside upper center", frameon=False)
-    _settle(fig)                     # names are placed on the final layout, measured in pixels
-    for ax, (_, _, pts) in zip(axes, panels):
-        _name_points(ax, pts)
-    return [(what, fig)]
-
-
-def _name_points(ax, pts: list[tuple[str, float, float]]) -> None:
-    """Name up to NAMED_POINTS points, each beside it (right or left, above or below)
-    where the name stays in the axes and overlaps no name and no other point's marker;
-    points furthest from the panel's median ratio first (they are the ones worth a name),
-    the rest unnamed (the table has them). Names are measured before they are made (the
-    renderer's text size, the point's pixel position): making and removing an artist per
-    try was most of a corpus report's time."""
-    from matplotlib.font_manager import FontProperties
-
-    fig = ax.figure
-    renderer, font, px = fig.canvas.get_renderer(), FontProperties(size=6.5), fig.dpi / 72
-    frame = ax.get_window_extent()
-    ratios = sorted(math.log(y / x) for _, x, y in pts)
-    median = ratios[len(ratios) // 2]
-    marks = [tuple(ax.transData.transform((x, y))) for _, x, y in pts]
-    taken: list[tuple[float, float, float, float]] = [(mx - 3, my - 3, mx + 3, my + 3) for mx, my in marks]
-    named = 0
-    for label, x, y in sorted(pts, key=lambda p: (-abs(math.log(p[2] / p[1]) - median), p[0])):
-        if named == NAMED_POINTS:
-            return
-        w, h, _ = renderer.get_text_width_height_descent(label, font, ismath=False)
-        cx, cy = ax.transData.transform((x, y))
-        for dx, dy, ha in ((4, 2, "left"), (4, -9, "left"), (-4, 2, "right"), (-4, -9, "right")):
-            x0 = cx + dx * px - (w if ha == "right" else 0.0)
-            box = (x0 - 1, cy + dy * px - 1, x0 + w + 1, cy + dy * px + h + 1)   # 1 px of air
-            inside = frame.x0 <= box[0] and box[2] <= frame.x1 and frame.y0 <= box[1] and box[3] <= frame.y1
-            if inside and not any(box[0] < t[2] and t[0] < box[2] and box[1] < t[3] and t[1] < box[3]
-                                  for t in taken):
-                taken.append(box)
-                named += 1
-                ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=6.5,
-                            ha=ha, va="bottom", annotation_clip=False).set_in_layout(False)
-                break

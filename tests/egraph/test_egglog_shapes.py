@@ -65,6 +65,10 @@ PROGRAMS += [(f"(compute {operator_head(op)} {Q})", ((2,), (3, 4)))   # every un
              for op in sorted(UNARY_MAPS | {"softmax"})]
 PROGRAMS += [(f"(compute {op} (access-pair {X} {Y}))", ((3,), (4,)))
              for op in sorted(o for o in NARY_OPS if COMPUTE_OPS[o].arity in (0, 2))]
+PROGRAMS += [  # gathers: data dims before the axis, the indices' dims, data dims after
+    (f"(access-gather {X} (access (access-tensor v) 1) 1)", ((3, 1, 4), ())),
+    (f"(access-gather {Q} {X} 0)", ((3, 4, 3, 4), ())),
+]
 PROGRAMS += [  # fused atoms (fusion rules)
     (f"(fused-dot-bias {X} {Y} (access (access-tensor bias3) 1))", ((3, 3), ())),
     (f"(fused-dot-bias-act relu {X} {Y} (access (access-tensor bias3) 1))", ((3, 3), ())),

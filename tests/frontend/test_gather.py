@@ -8,28 +8,15 @@ atol 1e-6 (gathers move values exactly; CumSum's triangular product sums in anot
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from backend_cases import BACKENDS, checked_model, prepare, run_backend
+from onnx import TensorProto, helper
 
 import apsat
 from apsat.lang.evaluate import evaluate
-from apsat.pipeline.zoo import ort_run
 
 RNG = np.random.default_rng(7)
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
-
-
-def _model(nodes, inputs: dict, outputs: dict, inits: dict, opset: int = 18):
-    """A checked model: inputs and outputs name -> (elem type, dims)."""
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(n, t, d) for n, (t, d) in inputs.items()],
-        [helper.make_tensor_value_info(n, t, d) for n, (t, d) in outputs.items()],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    return model
 
 
 def _rel_index(w: int) -> np.ndarray:
@@ -45,49 +32,49 @@ def _x(*dims):
 
 CASES = {
     # an embedding: token ids (negative ones count from the end) into a weight table
-    "embedding": (lambda: _model(
+    "embedding": (lambda: checked_model(
         [helper.make_node("Gather", ["table", "ids"], ["e"]), helper.make_node("Relu", ["e"], ["y"])],
         {"ids": (I64, [2, 7])}, {"y": (F, [2, 7, 8])}, {"table": _x(30, 8)}),
         {"ids": RNG.integers(-30, 30, (2, 7))}),
     # a gather of activations by constant, non-contiguous indices
-    "constant_indices": (lambda: _model(
+    "constant_indices": (lambda: checked_model(
         [helper.make_node("Gather", ["x", "idx"], ["y"], axis=1)],
         {"x": (F, [3, 6, 4])}, {"y": (F, [3, 2, 3, 4])}, {"idx": np.array([[5, 0, 2], [2, 2, -1]])}),
         {"x": _x(3, 6, 4)}),
     # a relative-position bias: table and index both weights fold at import
-    "relative_position_bias": (lambda: _model(
+    "relative_position_bias": (lambda: checked_model(
         [helper.make_node("Gather", ["table", "idx"], ["b"]),
          helper.make_node("Transpose", ["b"], ["bt"], perm=[2, 0, 1]), helper.make_node("Add", ["x", "bt"], ["y"])],
         {"x": (F, [3, 49, 49])}, {"y": (F, [3, 49, 49])},
         {"table": _x(169, 3), "idx": _rel_index(7)}), {"x": _x(3, 49, 49)}),
-    "gather_elements": (lambda: _model(
+    "gather_elements": (lambda: checked_model(
         [helper.make_node("GatherElements", ["x", "ix"], ["y"], axis=1)],
         {"x": (F, [3, 6]), "ix": (I64, [3, 4])}, {"y": (F, [3, 4])}, {}),
         {"x": _x(3, 6), "ix": RNG.integers(-6, 6, (3, 4))}),
-    "gather_elements_constant": (lambda: _model(
+    "gather_elements_constant": (lambda: checked_model(
         [helper.make_node("GatherElements", ["x", "ix"], ["y"], axis=0)],
         {"x": (F, [4, 5])}, {"y": (F, [2, 5])}, {"ix": RNG.integers(-4, 4, (2, 5))}), {"x": _x(4, 5)}),
-    "gather_nd": (lambda: _model(
+    "gather_nd": (lambda: checked_model(
         [helper.make_node("GatherND", ["x", "ix"], ["y"])],
         {"x": (F, [4, 5, 3]), "ix": (I64, [6, 2])}, {"y": (F, [6, 3])}, {}),
         {"x": _x(4, 5, 3), "ix": np.stack([RNG.integers(-4, 4, 6), RNG.integers(-5, 5, 6)], -1)}),
-    "cumsum": (lambda: _model(
+    "cumsum": (lambda: checked_model(
         [helper.make_node("CumSum", ["x", "ax"], ["a"]),
          helper.make_node("CumSum", ["x", "ax"], ["b"], exclusive=1, reverse=1),
          helper.make_node("CumSum", ["x", "ax0"], ["c"], reverse=1)],
         {"x": (F, [3, 7])}, {"a": (F, [3, 7]), "b": (F, [3, 7]), "c": (F, [3, 7])},
         {"ax": np.array(1), "ax0": np.array(0)}), {"x": _x(3, 7)}),
     # position ids as transformers export them: cumsum of a mask of integers
-    "position_ids": (lambda: _model(
+    "position_ids": (lambda: checked_model(
         [helper.make_node("CumSum", ["mask", "ax"], ["c"]), helper.make_node("Mul", ["c", "mask"], ["p"]),
          helper.make_node("Gather", ["pos", "p"], ["y"])],
         {"mask": (I64, [2, 6])}, {"y": (F, [2, 6, 4])}, {"ax": np.array(1), "pos": _x(8, 4)}),
         {"mask": RNG.integers(0, 2, (2, 6))}),
-    "pad_value": (lambda: _model(
+    "pad_value": (lambda: checked_model(
         [helper.make_node("Pad", ["x", "pads", "v"], ["y"])],
         {"x": (F, [1, 2, 4, 4])}, {"y": (F, [1, 2, 7, 5])},
         {"pads": np.array([0, 0, 2, 0, 0, 0, 1, 1]), "v": np.array(1.0, np.float32)}), {"x": _x(1, 2, 4, 4)}),
-    "pad_reflect_edge_wrap": (lambda: _model(
+    "pad_reflect_edge_wrap": (lambda: checked_model(
         [helper.make_node("Pad", ["x", "pads"], ["r"], mode="reflect"),
          helper.make_node("Pad", ["x", "pads"], ["e"], mode="edge"),
          helper.make_node("Pad", ["x", "pads"], ["w"], mode="wrap")],
@@ -98,14 +85,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def results():
-    out = {}
-    for name, (build, inputs) in CASES.items():
-        proto = build()
-        model = apsat.load_onnx(proto)
-        out[name] = {"proto": proto, "inputs": inputs, "model": model, "want": ort_run(proto, inputs),
-                     "gpu": apsat.optimize(model, target="gpu", verify=False),
-                     "systolic": apsat.optimize(model, target="systolic:32x32", verify=False)}
-    return out
+    return {name: prepare(build(), inputs) for name, (build, inputs) in CASES.items()}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -120,35 +100,11 @@ def test_imports_without_opaque_calls_or_concatenation_chains(results, case):
         assert "access-gather" not in ops and len(program.weights) == 1
 
 
-def _run(backend: str, r: dict) -> dict:
-    names = list(r["want"])
-    tensors = {**r["model"].weights, **{k: np.asarray(v, np.float32) for k, v in r["inputs"].items()}}
-    if backend == "reference":
-        got = evaluate(r["model"].program, tensors)
-    elif backend == "triton":
-        pytest.importorskip("triton", reason="the GPU backend needs triton (pip install apsat[gpu])")
-        from apsat.backends.gpu.runner import run_kernels
-
-        got = run_kernels(r["gpu"].program, tensors)
-        got = {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in
-               (got if isinstance(got, dict) else {names[0]: got}).items()}
-    elif backend == "systolic":
-        from apsat.backends import systolic
-
-        res = r["systolic"]
-        stream = systolic.compile(res.program, "systolic:32x32", weights=res.model.weights)
-        assert not systolic.cycles(stream)["host_steps"]
-        got = systolic.simulate(stream, tensors)
-    else:
-        got = ort_run(r["gpu"].to_onnx(), r["inputs"])
-    return got if isinstance(got, dict) else {names[0]: got}
-
-
-@pytest.mark.parametrize("backend", ["reference", "triton", "systolic", "export"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_equals_onnxruntime(results, case, backend):
     r = results[case]
-    got = _run(backend, r)
+    got = run_backend(backend, r)
     for name, want in r["want"].items():
         np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-6, err_msg=f"{case} {backend} {name}")
 

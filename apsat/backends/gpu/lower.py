@@ -222,35 +222,38 @@ class _Lowering:
             k.tiles = dict(given) if given else tiling.elementwise_tiles(a["o"], k.bytes)
 
     def _host(self, t: Term, runner: str, reason: str):
-        """A host step for t: its materialised descendants become named tensors."""
+        """A host step for t: its materialised descendants become named tensors. Its
+        terms are rebuilt children first on an explicit stack, in the order a depth-first
+        walk reaches them (so are the reads): a host step may sit on a chain thousands of
+        terms deep, which recursion would follow frame by frame."""
         shapes, reads = {}, []
         memo: dict = {}
 
-        def sub(term):
+        def rebuild(term):
+            """term over its children's replacements in `memo`."""
+            kids = set(term.children())
+            return Term(term.op, tuple(
+                memo[a] if isinstance(a, Term) and a in kids else
+                tuple(memo[x] for x in a) if isinstance(a, tuple) and a and all(isinstance(x, Term) for x in a)
+                else a for a in term.args))
+
+        stack = list(reversed(list(t.children())))
+        while stack:
+            term = stack[-1]
             if term in memo:
-                return memo[term]
-            if term in self.term_buf:
+                stack.pop()
+            elif term in self.term_buf:
                 name, dims = self.term_buf[term]
                 if name not in shapes:
                     shapes[name] = dims
                     reads.append(name)
-                r = Term("access", (Term("access-tensor", (name,)), n_iter(self.p, term)))
+                memo[stack.pop()] = Term("access", (Term("access-tensor", (name,)), n_iter(self.p, term)))
             else:
-                args = []
-                for a in term.args:
-                    if isinstance(a, Term) and a in set(term.children()):
-                        args.append(sub(a))
-                    elif isinstance(a, tuple) and a and all(isinstance(x, Term) for x in a):
-                        args.append(tuple(sub(x) for x in a))
-                    else:
-                        args.append(a)
-                r = Term(term.op, tuple(args))
-            memo[term] = r
-            return r
-
-        root = Term(t.op, tuple(sub(a) if isinstance(a, Term) and a in set(t.children()) else
-                                (tuple(sub(x) for x in a) if isinstance(a, tuple) and a and
-                                 all(isinstance(x, Term) for x in a) else a) for a in t.args))
+                todo = [c for c in term.children() if c not in memo]
+                stack.extend(reversed(todo))
+                if not todo:
+                    memo[stack.pop()] = rebuild(term)
+        root = rebuild(t)
         keys = {u.args[0] for u in memo.values() if u.op == "opaque"} | (
             {t.args[0]} if t.op == "opaque" else set())
         prog = Program({"out": root}, shapes, {k: self.p.opaque_nodes[k] for k in keys

@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
+import onnx
+from onnx import helper, numpy_helper
 
 from apsat.backends.onnx.peep import (absorb, attrs, const, followed, initializer, ints, is_const, other, scalar,
                                       sole_reader)
@@ -88,13 +89,25 @@ def _scaled(g, node) -> float | None:
 
 
 def _split(g, shapes: dict) -> bool:
-    """Slices of one value along one axis that tile it exactly -> one Split."""
+    """Slices of one value along one axis that tile it exactly -> one Split, in the first
+    slice's place; every such group in one sweep. Why one sweep, nodes and initializers
+    indexed once: a group a call, each scanning the graph and the initializers for every
+    slice's bounds, took minutes on a chain of 1,666 slice pairs."""
+    inits, known = {i.name: i for i in g.initializer}, {}
+
+    def bound(name):
+        """The int an initializer of one element holds, else None."""
+        if name not in known:
+            v = numpy_helper.to_array(inits[name]) if name in inits else None
+            known[name] = int(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
+        return known[name]
     groups: dict = {}
     for n in g.node:
-        bounds = [const(g, i) for i in n.input[1:4]] if n.op_type == "Slice" and len(n.input) == 4 else []
-        if bounds and all(b is not None and b.size == 1 for b in bounds):
-            lo, hi, axis = (int(b.reshape(-1)[0]) for b in bounds)
-            groups.setdefault((n.input[0], axis), []).append((lo, hi, n.name))
+        bounds = [bound(i) for i in n.input[1:4]] if n.op_type == "Slice" and len(n.input) == 4 else []
+        if bounds and all(b is not None for b in bounds):
+            groups.setdefault((n.input[0], bounds[2]), []).append((bounds[0], bounds[1], n.name))
+    nodes = {n.name: (k, n) for k, n in enumerate(g.node)}
+    splits, dropped = {}, set()
     for (src, axis), parts in groups.items():
         dims = shapes.get(src)
         parts.sort()
@@ -102,16 +115,17 @@ def _split(g, shapes: dict) -> bool:
                 or any(a[1] != b[0] for a, b in zip(parts, parts[1:])):
             continue
         names = [p[2] for p in parts]
-        slices = {n.name: n for n in g.node if n.name in names}
-        split = helper.make_node("Split", [src, ints(g, f"{names[0]}_sizes", [hi - lo for lo, hi, _ in parts])],
-                                 [slices[n].output[0] for n in names], name=f"{names[0]}_split", axis=axis)
-        first = next(n for n in g.node if n.name in names)      # the Split takes its place
-        for n in names:
-            if n != first.name:
-                g.node.remove(slices[n])
-        first.CopyFrom(split)
-        return True
-    return False
+        splits[min(names, key=lambda m: nodes[m][0])] = helper.make_node(
+            "Split", [src, ints(g, f"{names[0]}_sizes", [hi - lo for lo, hi, _ in parts])],
+            [nodes[m][1].output[0] for m in names], name=f"{names[0]}_split", axis=axis)
+        dropped.update(names)
+    if not splits:
+        return False
+    kept = [onnx.NodeProto.FromString((splits[n.name] if n.name in splits else n).SerializeToString())
+            for n in g.node if n.name in splits or n.name not in dropped]   # copies: g.node is cleared
+    del g.node[:]
+    g.node.extend(kept)
+    return True
 
 
 SEQUENCE_PASSES = (_attention_scale, _split, _norm_affine)

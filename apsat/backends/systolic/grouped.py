@@ -58,6 +58,8 @@ def lower_pair_dot(L, t) -> None:
     ops = [_before_broadcast(L, L.need_chain(x, f"the dot-product's pair operand {i}"), n_iter, n_dims)
            for i, x in enumerate(pair.args)]
     pp = pair_product(tuple(it), tuple(item), ops[0][2], ops[1][2])
+    if pp is None and _reordered(L, t, tuple(it), len(item), [o[2] for o in ops]):
+        return
     if pp is None:
         raise Unlowerable("dot-product over a pair whose axes are not groups, rows and columns")
     cost = pair_dot_cost(L.acc, pp.groups, pp.m, pp.k, pp.n)
@@ -139,3 +141,43 @@ def _on_vector(L, t, pp: PairProduct, ops, it: tuple, k: int) -> None:
 
 
 __all__ = ["lower_pair_dot"]
+
+
+def _reordered(L, t, it: tuple, n_item: int, pre: list) -> bool:
+    """A pair product whose iterated axes are not in the order groups, rows, columns (a
+    batched product with one operand broadcast over the batch: Einsum's `...ij,...jk`,
+    a position bias shared by every window) lowered as the same product with its axes
+    moved into that order (each operand transposed under its broadcast) and the result
+    transposed back by one COPY (split_item.lower_expansion). False when some axis varies
+    in neither operand."""
+    from apsat.backends.systolic.split_item import lower_expansion
+    from apsat.lang.term import Term
+
+    varies = [[p == d for p, d in zip(q, it)] for q in pre]
+    kind = {}
+    for a, d in enumerate(it):
+        if d > 1 and not (varies[0][a] or varies[1][a]):
+            return False
+        kind[a] = 0 if d == 1 else (1 if varies[0][a] and varies[1][a] else (2 if varies[0][a] else 3))
+    order = sorted(range(len(it)), key=lambda a: ((kind[a] or 4), a))
+    perm = tuple(order) + tuple(range(len(it), len(it) + n_item))
+    new: list = []
+
+    def mk(op, *args):
+        u = Term(op, args)
+        new.append(u)
+        return u
+
+    operands = []
+    for x in t.args[1].args:
+        if x.op == "access-broadcast":
+            (tit, titem) = x.args[1].args
+            target = Term("access-shape", (tuple(tit[a] for a in order), tuple(titem)))
+            operands.append(mk("access-broadcast", mk("access-transpose", x.args[0], perm), target))
+        else:
+            operands.append(mk("access-transpose", x, perm))
+    product = mk("compute", Term("dot-product", ()), mk("access-pair", *operands))
+    back = tuple(order.index(a) for a in range(len(it)))
+    root = mk("access-transpose", product, back)
+    lower_expansion(L, t, root, new, "pair product's axes reordered")
+    return True

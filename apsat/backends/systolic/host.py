@@ -40,25 +40,29 @@ def _host_macs(program, t: Term) -> int:
 
 def _over_buffers(L, x: Term, t: Term, memo: dict, used: set) -> Term:
     """`x` with its materialised sub-terms (other than `t`, the node being computed)
-    replaced by their buffers; memoised in `memo`, the buffers read added to `used`."""
-    if x in memo:
-        return memo[x]
-    if x is not t and x in L.buf_of:
-        b = L.buf_of[x]
-        used.add(b)
-        y = inplace.host_operand(L, x, b)
-    elif x.op == "access-tensor":
-        b = L.tensor_buffer(x.args[0])
-        used.add(b)
-        y = Term("access-tensor", (b,))
-    else:
-        args = []
-        for a in x.args:
-            if isinstance(a, Term) and a.op not in ATTRIBUTE_OPS:
-                a = _over_buffers(L, a, t, memo, used)
-            elif isinstance(a, tuple) and a and isinstance(a[0], Term):
-                a = tuple(_over_buffers(L, b, t, memo, used) for b in a)
-            args.append(a)
-        y = Term(x.op, tuple(args))
-    memo[x] = y
-    return y
+    replaced by their buffers; memoised in `memo`, the buffers read added to `used`.
+    Children first on an explicit stack, in depth-first order (why: a host step may read a
+    chain of views thousands of terms deep, which recursion would follow frame by frame)."""
+    stack = [x]
+    while stack:
+        y = stack[-1]
+        if y in memo:
+            stack.pop()
+        elif y is not t and y in L.buf_of:
+            used.add(L.buf_of[y])
+            memo[stack.pop()] = inplace.host_operand(L, y, L.buf_of[y])
+        elif y.op == "access-tensor":
+            b = L.tensor_buffer(y.args[0])
+            used.add(b)
+            memo[stack.pop()] = Term("access-tensor", (b,))
+        else:
+            kids = [b for a in y.args for b in ((a,) if isinstance(a, Term) and a.op not in ATTRIBUTE_OPS else
+                                                a if isinstance(a, tuple) and a and isinstance(a[0], Term) else ())]
+            todo = [k for k in kids if k not in memo]
+            stack.extend(reversed(todo))
+            if not todo:
+                memo[stack.pop()] = Term(y.op, tuple(
+                    memo[a] if isinstance(a, Term) and a.op not in ATTRIBUTE_OPS else
+                    tuple(memo[b] for b in a) if isinstance(a, tuple) and a and isinstance(a[0], Term) else a
+                    for a in y.args))
+    return memo[x]

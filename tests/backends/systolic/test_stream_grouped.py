@@ -105,12 +105,23 @@ def test_stream_text_round_trips_grouped_and_dot_instructions():
     assert sab.to_text(again) == sab.to_text(stream)
 
 
-def test_pair_with_no_matrix_layout_stays_on_the_host():
-    # rows, columns, rows: each group's result is not one block of the output
+def test_pair_with_axes_out_of_order_is_reordered_onto_the_array():
+    # rows, columns, rows: each group's result is not one block of the output, so the
+    # product runs with its axes reordered and its result is transposed back (no HOST)
     text = ("(compute dot-product (access-pair "
             "(access-broadcast (access (access-tensor a) 3) (access-shape (shape 4 5 6) (shape 3))) "
             "(access-broadcast (access (access-tensor b) 3) (access-shape (shape 4 5 6) (shape 3)))))")
     stream, got, want = run_both(text, {"a": (4, 1, 6, 3), "b": (1, 5, 1, 3)}, small_acc("os"))
+    assert_close(got, want)
+    assert not [i for i in stream.main if isinstance(i, Host)]
+    assert any("reordered" in g.label for g in stream.groups.values())
+
+
+def test_pair_whose_axis_varies_in_neither_operand_stays_on_the_host():
+    text = ("(compute dot-product (access-pair "
+            "(access-broadcast (access (access-tensor a) 3) (access-shape (shape 4 5 6) (shape 3))) "
+            "(access-broadcast (access (access-tensor b) 3) (access-shape (shape 4 5 6) (shape 3)))))")
+    stream, got, want = run_both(text, {"a": (4, 1, 1, 3), "b": (1, 1, 6, 3)}, small_acc("os"))
     assert_close(got, want)
     (host,) = [i for i in stream.main if isinstance(i, Host)]
     assert "not groups, rows and columns" in host.reason

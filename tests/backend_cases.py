@@ -1,0 +1,59 @@
+"""Shared by the per-op tests that compare every backend with onnxruntime: a checked
+one-graph model, and one case run through a backend (the reference interpreter on the
+imported program, the gpu target's Triton kernels, the systolic simulator, the export)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import apsat
+from apsat.lang.evaluate import evaluate
+from apsat.pipeline.zoo import ort_run
+
+BACKENDS = ("reference", "triton", "systolic", "export")
+
+
+def checked_model(nodes, inputs: dict, outputs: dict, inits: dict, opset: int = 18):
+    """A checked model: inputs and outputs name -> (elem type, dims)."""
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, t, d) for n, (t, d) in inputs.items()],
+        [helper.make_tensor_value_info(n, t, d) for n, (t, d) in outputs.items()],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def prepare(proto, inputs: dict) -> dict:
+    """The case: the model imported, onnxruntime's outputs, the gpu and systolic results."""
+    model = apsat.load_onnx(proto)
+    return {"proto": proto, "inputs": inputs, "model": model, "want": ort_run(proto, inputs),
+            "gpu": apsat.optimize(model, target="gpu", verify=False),
+            "systolic": apsat.optimize(model, target="systolic:32x32", verify=False)}
+
+
+def run_backend(backend: str, r: dict) -> dict:
+    names = list(r["want"])
+    tensors = {**r["model"].weights, **{k: np.asarray(v, np.float32) for k, v in r["inputs"].items()}}
+    if backend == "reference":
+        got = evaluate(r["model"].program, tensors)
+    elif backend == "triton":
+        pytest.importorskip("triton", reason="the GPU backend needs triton (pip install apsat[gpu])")
+        from apsat.backends.gpu.runner import run_kernels
+
+        got = run_kernels(r["gpu"].program, tensors)
+        got = {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in
+               (got if isinstance(got, dict) else {names[0]: got}).items()}
+    elif backend == "systolic":
+        from apsat.backends import systolic
+
+        res = r["systolic"]
+        stream = systolic.compile(res.program, "systolic:32x32", weights=res.model.weights)
+        assert not systolic.cycles(stream)["host_steps"]
+        got = systolic.simulate(stream, tensors)
+    else:
+        got = ort_run(r["gpu"].to_onnx(), r["inputs"])
+    return got if isinstance(got, dict) else {names[0]: got}
