@@ -65,7 +65,7 @@ def families(tf) -> dict[str, list[str]]:
     return dict(sorted(out.items()))
 
 
-def _tiny_int(key: str, value, layers: int | None):
+def _tiny_int(key: str, value):
     """The tiny value of one integer field, or the value unchanged."""
     want = SCALARS.get(key)
     if want is None or isinstance(value, bool) or not isinstance(value, int):
@@ -92,7 +92,7 @@ def shrink(d: dict, fields=None) -> dict:
         elif key.endswith(("_token_id", "_token_index")) and isinstance(value, int) and value >= VOCAB:
             out[key] = 3 + len(out) % (VOCAB - 3)   # special ids must index the tiny vocabulary
         else:
-            out[key] = _tiny_int(key, value, layers)
+            out[key] = _tiny_int(key, value)
     if isinstance(out.get("qk_rope_head_dim"), int):    # multi-head latent attention's dims agree
         out.update(head_dim=out["qk_rope_head_dim"], qk_head_dim=out["qk_rope_head_dim"] + out["qk_nope_head_dim"])
         if "num_key_value_heads" in out:

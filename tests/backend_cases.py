@@ -57,3 +57,12 @@ def run_backend(backend: str, r: dict) -> dict:
     else:
         got = ort_run(r["gpu"].to_onnx(), r["inputs"])
     return got if isinstance(got, dict) else {names[0]: got}
+
+
+def assert_backend_equals(r: dict, backend: str, rtol: float, atol: float, label: str) -> None:
+    """Every output of case `r` through `backend` equals onnxruntime's within rtol/atol
+    (integer outputs compared as the float32 the language carries them as)."""
+    got = run_backend(backend, r)
+    for name, want in r["want"].items():
+        np.testing.assert_allclose(np.asarray(got[name], np.float32), want.astype(np.float32), rtol=rtol,
+                                   atol=atol, err_msg=f"{label} {backend} {name}")

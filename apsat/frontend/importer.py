@@ -48,7 +48,7 @@ INTEGER_EXACT = frozenset({
     "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Add", "Sub", "Mul", "Neg",
     "Abs", "Min", "Max", "Sum", "Relu", "Sign", "ReduceMax", "ReduceMin", "ReduceSum",
     "ArgMax", "ArgMin", "Trilu", "IsNaN", "Mod", "Floor", "Ceil", "GatherElements", "GatherND",
-    "CumSum"})
+    "CumSum", "TopK"})
 # Ops that only move data: with every input a constant they fold whatever the element type
 # (a gather of a weight table by constant indices, a relative-position bias, is a weight).
 FOLD_MOVES = frozenset({"Gather", "GatherElements", "GatherND"})

@@ -18,6 +18,7 @@ import onnx
 from apsat.frontend import lowering_convtranspose as convt
 from apsat.frontend import lowering_gather as gather
 from apsat.frontend.lowering_einsum import lower_einsum
+from apsat.frontend.lowering_topk import lower_topk
 from apsat.frontend import lowering_nn as nn
 from apsat.frontend import lowering_norm as norm
 from apsat.frontend import lowering_reduce as red
@@ -294,6 +295,8 @@ LOWERINGS: dict = {
     "GatherND": gather.lower_gather_nd,
     "CumSum": gather.lower_cumsum,
     "Einsum": lower_einsum,
+    "TopK": lower_topk,
+    "Tile": tensor.lower_tile,
     "Expand": tensor.lower_expand,
     "Pad": tensor.lower_pad,
     # neural-network ops

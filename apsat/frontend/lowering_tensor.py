@@ -256,3 +256,18 @@ def lower_pad(ctx):
     if not padded:
         return [t]
     return [pad_by_value(ctx, t, padded) if mode == "constant" else pad_by_gather(ctx, t, mode, padded)]
+
+
+def lower_tile(ctx):
+    """Tile by constant repeats: each dim d repeated r times is a size-1 axis broadcast to r
+    before it, (r, d) merged into r * d (row-major, so copies follow each other)."""
+    b, dims = ctx.b, ctx.dims(0)
+    repeats = [int(r) for r in ctx.static(1).reshape(-1)]
+    if len(repeats) != len(dims) or min(repeats, default=1) < 1:
+        ctx.fail(f"repeats {repeats} do not fit dims {dims}")
+    if all(r == 1 for r in repeats):
+        return [ctx.term(0)]
+    spread = tuple(x for d in dims for x in (1, d))
+    t = b.reshape(ctx.term(0), spread)
+    t = b.broadcast(t, tuple(x for d, r in zip(dims, repeats) for x in (r, d)))
+    return [b.reshape(t, tuple(d * r for d, r in zip(dims, repeats)))]

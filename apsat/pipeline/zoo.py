@@ -115,7 +115,7 @@ def ort_session(model_proto: onnx.ModelProto, external: dict | None = None):
     opts.intra_op_num_threads = 2
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4     # fatal only: every error is raised to the caller, who reports it once
     if external:
         names = list(external)
         opts.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(external[n]) for n in names])

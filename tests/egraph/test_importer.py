@@ -116,6 +116,8 @@ CASES = {
                                         {"axis": 1}),
     "GatherND": lambda: single_op("GatherND", [(4, 5, 2), _ints(3, 1, 0, 4, -1, 2).reshape(3, 2)]),
     "CumSum": lambda: single_op("CumSum", [(3, 6), np.array(1, np.int64)], {"reverse": 1}),
+    "Tile": lambda: single_op("Tile", [(2, 3), _ints(3, 2)]),
+    "TopK": lambda: single_op("TopK", [(3, 6), _ints(2)], {"axis": 1}, n_outputs=2),
     "Einsum": lambda: single_op("Einsum", [(2, 3, 4), (2, 4, 5)], {"equation": "bij,bjk->bik"}, opset=12),
     "Expand": lambda: single_op("Expand", [(3, 1), _ints(2, 1, 4)]),
     "Pad": lambda: single_op("Pad", [(2, 3, 4), _ints(0, 1, -1, 0, 2, 1)]),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from backend_cases import BACKENDS, checked_model, prepare, run_backend
+from backend_cases import BACKENDS, assert_backend_equals, checked_model, prepare
 from onnx import TensorProto, helper
 
 RNG = np.random.default_rng(11)
@@ -45,6 +45,4 @@ def test_imports_without_an_opaque_call(results, eq):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("eq", sorted(EQUATIONS))
 def test_equals_onnxruntime(results, eq, backend):
-    r = results[eq]
-    got = run_backend(backend, r)
-    np.testing.assert_allclose(got["y"], r["want"]["y"], rtol=1e-5, atol=1e-6, err_msg=f"{eq} {backend}")
+    assert_backend_equals(results[eq], backend, 1e-5, 1e-6, eq)

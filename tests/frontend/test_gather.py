@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from backend_cases import BACKENDS, checked_model, prepare, run_backend
+from backend_cases import BACKENDS, assert_backend_equals, checked_model, prepare
 from onnx import TensorProto, helper
 
 import apsat
@@ -103,10 +103,7 @@ def test_imports_without_opaque_calls_or_concatenation_chains(results, case):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_equals_onnxruntime(results, case, backend):
-    r = results[case]
-    got = run_backend(backend, r)
-    for name, want in r["want"].items():
-        np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-6, err_msg=f"{case} {backend} {name}")
+    assert_backend_equals(results[case], backend, 1e-6, 1e-6, case)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 from apsat.backends.onnx.compute import OPSET
 from apsat.backends.onnx.fuse import fuse
 from apsat.backends.onnx.fold import fold_weights, weight_only_terms
-from apsat.backends.onnx.graph import Builder, dense, tensor_val
+from apsat.backends.onnx.graph import Builder, Val, dense, tensor_val
 from apsat.backends.onnx.tidy import tidy
 from apsat.backends.onnx.views import ExportError, as_val
 from apsat.backends.onnx.walk import Walk
@@ -150,7 +150,7 @@ class _Leaves:
         if name is not None and name not in self.p.weights and self.types.get(name) == elem:
             self._use(name)
             return name
-        if val.is_const:
+        if isinstance(val, Val) and val.is_const:      # lazy forms (a pair, windows) are built below
             dtype = helper.tensor_dtype_to_np_dtype(elem)
             return self.b.const(np.broadcast_to(val.aligned_array(), val.shape), "opaque_arg", dtype)
         out = dense(self.b, as_val(self.b, val))

@@ -112,3 +112,24 @@ def test_a_systolic_array_atom_is_refused_in_one_line():
     with pytest.raises(ExportError) as err:
         export_onnx(program, _fake_model(shapes))
     assert "systolic-array" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_opaque_call_reading_a_concatenation_exports():
+    """GridSample (an opaque call) whose grid is a Concat of two Unsqueezes (RAFT's): the
+    argument is a lazy pair in the export, written out before the call reads it."""
+    from backend_cases import checked_model
+
+    from apsat.pipeline.zoo import ort_run
+
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Unsqueeze", ["gx", "ax"], ["ux"]), helper.make_node("Unsqueeze", ["gy", "ax"], ["uy"]),
+             helper.make_node("Concat", ["ux", "uy"], ["grid"], axis=-1),
+             helper.make_node("GridSample", ["x", "grid"], ["y"], align_corners=1)]
+    proto = checked_model(nodes, {"x": (f, [1, 2, 4, 4]), "gx": (f, [1, 3, 3]), "gy": (f, [1, 3, 3])},
+                          {"y": (f, [1, 2, 3, 3])}, {"ax": np.array([3])}, opset=17)
+    rng = np.random.default_rng(0)
+    inputs = {"x": rng.standard_normal((1, 2, 4, 4)).astype(np.float32),
+              "gx": rng.uniform(-1, 1, (1, 3, 3)).astype(np.float32),
+              "gy": rng.uniform(-1, 1, (1, 3, 3)).astype(np.float32)}
+    exported = apsat.optimize(proto, target="gpu", verify=False).to_onnx()
+    np.testing.assert_array_equal(ort_run(exported, inputs)["y"], ort_run(proto, inputs)["y"])
