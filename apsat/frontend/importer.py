@@ -48,7 +48,7 @@ INTEGER_EXACT = frozenset({
     "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Add", "Sub", "Mul", "Neg",
     "Abs", "Min", "Max", "Sum", "Relu", "Sign", "ReduceMax", "ReduceMin", "ReduceSum",
     "ArgMax", "ArgMin", "Trilu", "IsNaN", "Mod", "Floor", "Ceil", "GatherElements", "GatherND",
-    "CumSum", "TopK"})
+    "CumSum", "TopK", "ScatterND", "ScatterElements", "Clip"})
 # Ops that only move data: with every input a constant they fold whatever the element type
 # (a gather of a weight table by constant indices, a relative-position bias, is a weight).
 FOLD_MOVES = frozenset({"Gather", "GatherElements", "GatherND"})
@@ -122,6 +122,7 @@ class Importer:
             if any(o in needed for o in node.output):
                 live.add(idx)
                 needed.update(i for i in node.input if i)
+                needed.update(outer_names(node))
         return live, needed
 
     def run(self) -> Program:
@@ -203,6 +204,8 @@ class Importer:
             dims = ins[0].value.shape if isinstance(ins[0], Const) else self.b.dims(ins[0])
             self.env[node.output[0]] = Const(fold_shape(node, tuple(dims)))   # dims are static
             return
+        if default and node.op_type == "If" and ins and isinstance(ins[0], Const):
+            return self._inline_branch(idx, node, bool(np.asarray(ins[0].value).reshape(-1)[0]))
         all_const = all(v is None or isinstance(v, Const) for v in ins)
         fn = LOWERINGS.get(node.op_type) if default else None
         if all_const and self._should_fold(fn, ins, node.op_type):
@@ -222,6 +225,21 @@ class Importer:
                                      f"but onnx infers {expect}")
                 check_dims(where, f"output {name!r}", self.b.dims(term))
                 self.env[name] = term
+
+    def _inline_branch(self, idx: int, node, condition: bool):
+        """An If whose condition is known at import (an exporter's shape check): the branch
+        it takes is imported in its place, node by node, and its outputs are the If's."""
+        branch = next(helper.get_attribute_value(a) for a in node.attribute
+                      if a.name == ("then_branch" if condition else "else_branch"))
+        self.used.update(o.name for o in branch.output)
+        for sub in reversed(branch.node):      # what the branch's own nodes read, outer values too
+            self.used.update(i for i in sub.input if i)
+            self.used.update(outer_names(sub))
+        for sub in branch.node:
+            self._node(idx, sub)
+        for name, out in zip(node.output, branch.output):
+            if name:
+                self.env[name] = self.env[out.name]
 
     @staticmethod
     def _should_fold(fn, ins, node_op: str = "") -> bool:
@@ -345,3 +363,18 @@ class Importer:
                 self.env[name] = self.b.make("opaque", name, tuple(args), tuple(dims))
             except ShapeError as e:
                 raise ModelError(f"{where}: {first_line(e)}") from None
+
+
+def outer_names(node) -> set[str]:
+    """The values a node's subgraphs (If's branches, Loop's body) read from outside
+    themselves: inputs the liveness walk would otherwise not see."""
+    out: set[str] = set()
+    for a in node.attribute:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for g in graphs:
+            made = {i.name for i in g.input} | {i.name for i in g.initializer}
+            for sub in g.node:
+                out.update(i for i in sub.input if i and i not in made)
+                out.update(outer_names(sub) - made)
+                made.update(sub.output)
+    return out

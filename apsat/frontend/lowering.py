@@ -18,6 +18,7 @@ import onnx
 from apsat.frontend import lowering_convtranspose as convt
 from apsat.frontend import lowering_gather as gather
 from apsat.frontend.lowering_einsum import lower_einsum
+from apsat.frontend.lowering_scatter import lower_scatter_elements, lower_scatter_nd
 from apsat.frontend.lowering_topk import lower_topk
 from apsat.frontend import lowering_nn as nn
 from apsat.frontend import lowering_norm as norm
@@ -296,6 +297,8 @@ LOWERINGS: dict = {
     "CumSum": gather.lower_cumsum,
     "Einsum": lower_einsum,
     "TopK": lower_topk,
+    "ScatterND": lower_scatter_nd,
+    "ScatterElements": lower_scatter_elements,
     "Tile": tensor.lower_tile,
     "Expand": tensor.lower_expand,
     "Pad": tensor.lower_pad,

@@ -51,8 +51,8 @@ def lower_identity(ctx):
 def lower_cast(ctx):
     """The language carries every value as float32 (integers exactly below 2**24, booleans
     as 0/1), so a Cast that keeps the value passes through: to a float type, or from an
-    integer or boolean to an integer type. A Cast to bool is `nonzero`. Float to integer
-    (it truncates) is Unlowerable here."""
+    integer or boolean to an integer type. A Cast to bool is `nonzero`; float to integer
+    truncates toward zero (floor above 0, ceil below)."""
     from onnx import TensorProto
 
     floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -66,6 +66,11 @@ def lower_cast(ctx):
         return [ctx.term(0)]
     if to == TensorProto.BOOL and source not in (0, TensorProto.STRING):
         return [ctx.b.compute("nonzero", ctx.term(0))]          # nonzero is true
+    if to not in (TensorProto.BOOL, TensorProto.STRING, 0) and source in floats:
+        # float to integer truncates toward zero (out-of-range values are undefined in ONNX)
+        x, b = ctx.term(0), ctx.b
+        return [b.select(b.elementwise("greater-equal", [x, b.literal(0.0)]), b.compute("floor", x),
+                         b.compute("ceil", x))]
     raise Unlowerable(f"Cast from element type {source} to {to} changes the value")
 
 
@@ -143,12 +148,15 @@ def lower_unsqueeze(ctx):
 
 
 def lower_concat(ctx):
-    terms = [ctx.term(i) for i in range(ctx.n_inputs) if ctx.has(i)]
+    parts = [i for i in range(ctx.n_inputs) if ctx.has(i)]
     axis = ctx.attr("axis", None)
     if axis is None:
         ctx.bad_attr("axis", "missing")
-    axis = normalize_axis(ctx, axis, len(ctx.b.dims(terms[0])))
-    terms = [t for t in terms if ctx.b.dims(t)[axis] > 0]     # empty parts add nothing
+    axis = normalize_axis(ctx, axis, len(ctx.dims(parts[0])))
+    # empty parts add nothing (and are never made terms: the language has no empty tensor)
+    terms = [ctx.term(i) for i in parts if ctx.dims(i)[axis] > 0]
+    if not terms:
+        raise Unlowerable("Concat of empty tensors")
     return [ctx.b.concat(terms, axis)]
 
 

@@ -1,7 +1,8 @@
-"""TopK (a mixture-of-experts router's choice) and Tile import into the language (no opaque
-call) and equal onnxruntime through every backend: values and indices, ties at the lower
-index first, largest and smallest, along the last axis and another one (rtol 0, atol 0:
-selections and copies move values exactly)."""
+"""TopK (a mixture-of-experts router's choice), Tile and a Cast from float to integer
+(truncation toward zero) import into the language (no opaque call) and equal onnxruntime
+through every backend: values and indices, ties at the lower index first, largest and
+smallest, along the last axis and another one (rtol 0, atol 0: selections, copies and
+truncations give exact values)."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,6 +28,9 @@ CASES = {
     "tile": (lambda: checked_model([helper.make_node("Tile", ["x", "r"], ["y"])], {"x": (F, [2, 3, 1])},
                                    {"y": (F, [4, 3, 5])}, {"r": np.array([2, 1, 5])}),
              {"x": RNG.standard_normal((2, 3, 1)).astype(np.float32)}),
+    "cast_truncates": (lambda: checked_model([helper.make_node("Cast", ["x"], ["y"], to=I64)], {"x": (F, [4, 6])},
+                                             {"y": (I64, [4, 6])}, {}),
+                       {"x": (RNG.standard_normal((4, 6)) * 4).astype(np.float32)}),
 }
 
 
