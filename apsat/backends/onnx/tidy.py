@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import onnx
 from onnx import helper, numpy_helper
 
 
@@ -61,36 +62,40 @@ def _chains(graph) -> bool:
 
 def _concats(graph) -> bool:
     """Concat(Concat(a, b), c) on one axis -> Concat(a, b, c) where nothing else reads
-    the inner one."""
-    changed, merged_any = True, False
-    while changed:
-        changed = False
-        made, uses = _producers(graph), _uses(graph)
-        for node in graph.node:
-            if node.op_type != "Concat":
-                continue
-            axis = helper.get_attribute_value(node.attribute[0])
-            for k, name in enumerate(node.input):
-                inner = made.get(name)
-                if inner is not None and inner.op_type == "Concat" and uses[name] == 1 \
-                        and helper.get_attribute_value(inner.attribute[0]) == axis:
-                    merged = list(node.input[:k]) + list(inner.input) + list(node.input[k + 1:])
-                    del node.input[:]
-                    node.input.extend(merged)
-                    graph.node.remove(inner)
-                    changed = merged_any = True
-                    break
-            if changed:
-                break
-    return merged_any
+    the inner one. One pass in graph order (an inner Concat is merged before its reader),
+    the merged ones removed at once: a rescan after each merge was quadratic in a chain."""
+    nodes, uses, merged = list(graph.node), _uses(graph), set()
+    made = {o: k for k, n in enumerate(nodes) for o in n.output}
+    for node in nodes:
+        if node.op_type != "Concat":
+            continue
+        axis = helper.get_attribute_value(node.attribute[0])
+        inputs = []
+        for name in node.input:
+            k = made.get(name)
+            inner = None if k is None else nodes[k]
+            if inner is not None and inner.op_type == "Concat" and uses[name] == 1 \
+                    and helper.get_attribute_value(inner.attribute[0]) == axis:
+                inputs.extend(inner.input)
+                merged.add(k)
+            else:
+                inputs.append(name)
+        if len(inputs) != len(node.input):
+            del node.input[:]
+            node.input.extend(inputs)
+    _drop(graph, merged)
+    return bool(merged)
 
 
 def _common(graph) -> bool:
     """A node equal to an earlier one (op, inputs, attributes): its readers read the
-    earlier one's outputs (the walk writes a mask or a layout change once per reader)."""
-    seen, changed = {}, False
+    earlier one's outputs (the walk writes a mask or a layout change once per reader).
+    One pass, renaming inputs as nodes come (so a node made equal by a renaming is found
+    too), the duplicates removed at once: a scan of the graph a duplicate was quadratic."""
+    seen, renamed, dropped = {}, {}, set()
     outputs = {o.name for o in graph.output}
-    for node in list(graph.node):
+    for k, node in enumerate(graph.node):
+        _rename_inputs(node, renamed)
         if node.op_type.startswith("Random") or node.op_type in ("Multinomial", "Bernoulli"):
             continue
         key = (node.domain, node.op_type, tuple(node.input),
@@ -98,31 +103,54 @@ def _common(graph) -> bool:
         first = seen.setdefault(key, node)
         if first is node or any(o in outputs for o in node.output):
             continue
-        for old, new in zip(node.output, first.output):
-            _replace_uses(graph, old, new)
-        graph.node.remove(node)
-        changed = True
-    return changed
+        renamed.update(zip(node.output, first.output))
+        dropped.add(k)
+    _finish_renaming(graph, renamed, dropped)
+    return bool(dropped)
 
 
 def _identity_transposes(graph) -> bool:
-    """A Transpose by the identity permutation: its readers read its input."""
-    changed = False
-    for node in list(graph.node):
+    """A Transpose by the identity permutation: its readers read its input (one pass, as
+    _common)."""
+    renamed, dropped = {}, set()
+    outputs = {o.name for o in graph.output}
+    for k, node in enumerate(graph.node):
+        _rename_inputs(node, renamed)
         if node.op_type == "Transpose":
             perm = list(helper.get_attribute_value(node.attribute[0]))
-            if perm == sorted(perm) and node.output[0] not in {o.name for o in graph.output}:
-                _replace_uses(graph, node.output[0], node.input[0])
-                graph.node.remove(node)
-                changed = True
-    return changed
+            if perm == sorted(perm) and node.output[0] not in outputs:
+                renamed[node.output[0]] = node.input[0]
+                dropped.add(k)
+    _finish_renaming(graph, renamed, dropped)
+    return bool(dropped)
 
 
-def _replace_uses(graph, old: str, new: str) -> None:
-    for n in graph.node:
-        for k, i in enumerate(n.input):
-            if i == old:
-                n.input[k] = new
+def _rename_inputs(node, renamed: dict) -> None:
+    """node's inputs through `renamed` (old name -> new; a chain followed to its end)."""
+    for k, i in enumerate(node.input):
+        if i in renamed:
+            while i in renamed:
+                i = renamed[i]
+            node.input[k] = i
+
+
+def _finish_renaming(graph, renamed: dict, dropped: set) -> None:
+    """Every node's inputs through `renamed` (a reader placed before its producer too),
+    then the nodes at the positions in `dropped` removed."""
+    if renamed:
+        for node in graph.node:
+            _rename_inputs(node, renamed)
+    _drop(graph, dropped)
+
+
+def _drop(graph, dropped: set) -> None:
+    """Remove the nodes at the positions in `dropped`, in one rebuild of the node list
+    (graph.node.remove searches the list for each node: quadratic over many)."""
+    if dropped:
+        kept = [onnx.NodeProto.FromString(n.SerializeToString())
+                for k, n in enumerate(graph.node) if k not in dropped]
+        del graph.node[:]
+        graph.node.extend(kept)
 
 
 def _rename_outputs(graph) -> bool:
@@ -143,18 +171,21 @@ def _rename_outputs(graph) -> bool:
 
 
 def _dead(graph) -> bool:
-    """Drop nodes none of whose outputs is read, then unread initializers."""
-    changed = False
-    while True:
-        uses = _uses(graph)
-        dead = [n for n in graph.node if not any(uses[o] for o in n.output)]
-        if not dead:
-            break
-        for n in dead:
-            graph.node.remove(n)
-        changed = True
+    """Drop nodes none of whose outputs is read, then unread initializers: the nodes a
+    graph output does not depend on, found in one walk back from the outputs (a round per
+    dead level, removing node by node, was quadratic in a dead chain)."""
+    nodes = list(graph.node)
+    made = {o: k for k, n in enumerate(nodes) for o in n.output}
+    live, stack = set(), [made[o.name] for o in graph.output if o.name in made]
+    while stack:
+        k = stack.pop()
+        if k not in live:
+            live.add(k)
+            stack.extend(made[i] for i in nodes[k].input if i in made)
+    dead = set(range(len(nodes))) - live
+    _drop(graph, dead)
     uses = _uses(graph)
-    unread = [i for i in graph.initializer if not uses[i.name]]
-    for i in unread:
-        graph.initializer.remove(i)
-    return changed or bool(unread)
+    unread = [k for k, i in enumerate(graph.initializer) if not uses[i.name]]
+    for k in reversed(unread):      # by position, from the end: no search of the list
+        del graph.initializer[k]
+    return bool(dead) or bool(unread)

@@ -1,5 +1,6 @@
-"""TopK (a mixture-of-experts router's choice), Tile and a Cast from float to integer
-(truncation toward zero) import into the language (no opaque call) and equal onnxruntime
+"""TopK (a mixture-of-experts router's choice), Tile, a Cast from float to integer
+(truncation toward zero), ScatterND and ScatterElements (lowering_scatter.py: a gather by a
+constant source map, or comparisons for run-time indices) import into the language (no opaque call) and equal onnxruntime
 through every backend: values and indices, ties at the lower index first, largest and
 smallest, along the last axis and another one (rtol 0, atol 0: selections, copies and
 truncations give exact values)."""
@@ -12,6 +13,10 @@ from onnx import TensorProto, helper
 
 RNG = np.random.default_rng(5)
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _x(*dims):
+    return RNG.standard_normal(dims).astype(np.float32)
 
 
 def _topk(dims, k, axis=-1, largest=1):
@@ -31,6 +36,21 @@ CASES = {
     "cast_truncates": (lambda: checked_model([helper.make_node("Cast", ["x"], ["y"], to=I64)], {"x": (F, [4, 6])},
                                              {"y": (I64, [4, 6])}, {}),
                        {"x": (RNG.standard_normal((4, 6)) * 4).astype(np.float32)}),
+    # rows 1 and -1 (the last) of a (4, 3, 2) tensor replaced; the last write to a slot wins
+    "scatter_nd_constant": (lambda: checked_model(
+        [helper.make_node("ScatterND", ["x", "idx", "u"], ["y"])],
+        {"x": (F, [4, 3, 2]), "u": (F, [3, 3, 2])}, {"y": (F, [4, 3, 2])},
+        {"idx": np.array([[1], [-1], [1]])}), {"x": _x(4, 3, 2), "u": _x(3, 3, 2)}),
+    "scatter_elements_constant": (lambda: checked_model(
+        [helper.make_node("ScatterElements", ["x", "idx", "u"], ["y"], axis=1)],
+        {"x": (F, [3, 5]), "u": (F, [3, 2])}, {"y": (F, [3, 5])},
+        {"idx": np.array([[0, 4], [-1, 2], [3, 1]])}), {"x": _x(3, 5), "u": _x(3, 2)}),
+    # a router's top-2 weights written into a dense (tokens, experts) matrix of zeros
+    "router_weights": (lambda: checked_model(
+        [helper.make_node("ScatterElements", ["x", "idx", "u"], ["y"], axis=1)],
+        {"x": (F, [6, 8]), "idx": (I64, [6, 2]), "u": (F, [6, 2])}, {"y": (F, [6, 8])}, {}),
+        {"x": np.zeros((6, 8), np.float32), "idx": np.stack([RNG.permutation(8)[:2] for _ in range(6)]),
+         "u": _x(6, 2)}),
 }
 
 
