@@ -31,7 +31,6 @@ Models (depth counted in ONNX nodes; the language has 2 to 4 terms a node):
     a relu, a scale and a shift, merged by an add and a sub), summed at the end.
 """
 import json
-import os
 import subprocess
 import sys
 import time
@@ -178,8 +177,7 @@ def optimize_in_child(model, target, tmp_path, *extra) -> dict:
     out = tmp_path / "out"
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", WRAPPER, sys.executable, "-c", CHILD, str(path), target, str(out),
-                           json.dumps(list(extra))], capture_output=True, text=True, timeout=TIME_BUDGET_S,
-                          env={**os.environ, "PYTHONHASHSEED": "0"})
+                           json.dumps(list(extra))], capture_output=True, text=True, timeout=TIME_BUDGET_S)
     wall = time.perf_counter() - start
     lines = proc.stdout.splitlines()
     rc, rss_kib = json.loads(next(ln[4:] for ln in lines if ln.startswith("RSS ")))

@@ -126,21 +126,16 @@ class Values:
         if op == "access":
             return (yield t.args[0], idx, conds)
         child = t.args[0] if t.args and isinstance(t.args[0], Term) else None
-        if op == "access-transpose":
-            c = [None] * len(idx)
-            for k, p in enumerate(t.args[1]):
-                c[p] = idx[k]
-            return (yield child, tuple(c), conds)
+        if op == "access-transpose":     # dim k of t is dim perm[k] of the child
+            return (yield child, tuple(idx[t.args[1].index(p)] for p in range(len(idx))), conds)
         if op in ("access-reshape", "access-flatten"):
             cd, d = self.dims(child), self.dims(t)
             c = idx if cd == d else unflat(flat(idx, d), cd)
             return (yield child, c, conds)
-        if op == "access-squeeze":
+        if op in ("access-squeeze", "access-insert-axis"):
             a = t.args[1]
-            return (yield child, idx[:a] + (const(0),) + idx[a:], conds)
-        if op == "access-insert-axis":
-            a = t.args[1]
-            return (yield child, idx[:a] + idx[a + 1:], conds)
+            return (yield child, idx[:a] + (const(0),) + idx[a:] if op == "access-squeeze" else idx[:a] + idx[a + 1:],
+                    conds)
         if op == "access-slice":
             _, axis, lo, _hi = t.args
             return (yield child, idx[:axis] + (add(idx[axis], lo),) + idx[axis + 1:], conds)
@@ -161,8 +156,7 @@ class Values:
             return (yield from self._concatenate(t, idx, conds))
         if op == "access-pair":
             n = n_iter(self.program, t)
-            rest = idx[:n] + idx[n + 1:]
-            return (yield from self._pick(idx[n], [(t.args[k], rest, conds) for k in (0, 1)]))
+            return (yield from self._pick(idx[n], [(a, idx[:n] + idx[n + 1:], conds) for a in t.args]))
         if op == "access-cartesian-product":
             a, b = t.args
             na, nb = n_iter(self.program, a), n_iter(self.program, b)
