@@ -159,3 +159,30 @@ def lower_split(L, t: Term, it: tuple, item: tuple, cap: int) -> bool:
     root, new = expansion(t, tuple(it), tuple(item), b)
     lower_expansion(L, t, root, new, f"item of {math.prod(item)} split into chunks of {b}")
     return True
+
+
+def lower_as_matmul(L, t: Term) -> None:
+    """`compute dot-product (access-cartesian-product a b)` that extraction left off the
+    array (weight-only work such as Swin-V2's position-bias MLP, which the cost model does
+    not weigh): both operands flattened to matrices, a ((M), (K)) and b ((N), (K)), the
+    `systolic-array` atom the systolic rules write for a matrix product, and the result
+    reshaped to t's dims."""
+    a, b = t.args[1].args
+    (ia, ta), (ib, tb) = L.program.shape_of(a), L.program.shape_of(b)
+    m, n, k = math.prod(ia), math.prod(ib), math.prod(ta)
+    new: list = []
+
+    def mk(op, *args):
+        u = Term(op, args)
+        if op not in ATTRIBUTE_OPS:
+            new.append(u)
+        return u
+
+    def shape(*groups):
+        return Term("access-shape", tuple(tuple(g) for g in groups))
+
+    left = mk("access-reshape", a, shape((m,), (k,)))
+    right = mk("access", mk("access-transpose", mk("access-reshape", b, shape((n,), (k,))), (1, 0)), 0)
+    product = mk("systolic-array", k, n, left, right)                      # ((M), (N))
+    root = mk("access-reshape", product, shape(tuple(ia) + tuple(ib), ()))
+    lower_expansion(L, t, root, new, "dot-product mapped onto the array here")

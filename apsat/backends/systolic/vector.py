@@ -90,6 +90,10 @@ def lower_compute(L, t) -> None:
     op, x = t.args
     name = op.op
     if name == "dot-product":
+        if x.op == "access-cartesian-product":      # left off the array: map it here
+            from apsat.backends.systolic.split_item import lower_as_matmul
+
+            return lower_as_matmul(L, t)
         if x.op != "access-pair":
             raise Unlowerable("dot-product left off the array (the extractor did not map it to "
                               "systolic-array)")

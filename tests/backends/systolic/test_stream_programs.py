@@ -148,12 +148,19 @@ def test_copies_transpose_concatenate_pad():
     assert sum(isinstance(i, Copy) for i in stream.main) == 2
 
 
-def test_a_dot_product_left_off_the_array_is_a_named_host_step():
+def test_a_dot_product_left_off_the_array_is_mapped_there():
     text = "(compute dot-product (access-cartesian-product (access (access-tensor a) 1) (access (access-tensor b) 1)))"
     stream, got, want = run_both(text, {"a": (6, 5), "b": (4, 5)}, small_acc())
     assert_close(got, want)
+    assert not [i for i in stream.main if isinstance(i, Host)]           # split_item.lower_as_matmul
+
+
+def test_a_dot_product_over_a_stacked_item_is_a_named_host_step():
+    # neither a pair nor a cartesian product: the item (2, 5) holds both operands
+    stream, got, want = run_both("(compute dot-product (access (access-tensor a) 1))", {"a": (6, 2, 5)}, small_acc())
+    assert_close(got, want)
     (h,) = stream.main
-    assert isinstance(h, Host) and h.macs == 6 * 4 * 5 and "dot-product left off the array" in h.reason
+    assert isinstance(h, Host) and h.macs == 6 * 5 and "dot-product left off the array" in h.reason
     assert sab.cycles(stream)["host_steps"][0]["reason"] == h.reason
 
 
