@@ -49,8 +49,8 @@ from dataclasses import dataclass
 
 from apsat.backends.systolic.isa import ARRAY, Matmul, Operand, Preload, Region, Slot, Store, Vec
 from apsat.backends.systolic.tiles import folds, whole
-from apsat.backends.systolic.split_item import lower_expansion
-from apsat.lang.term import ATTRIBUTE_OPS, Term
+from apsat.backends.systolic.split_item import Terms, lower_expansion
+from apsat.lang.term import Term
 from apsat.targets.systolic import attention_heads, attention_plan
 
 __all__ = ["lower_attention", "expansion"]
@@ -266,16 +266,8 @@ def expansion(t, iq: tuple, e: int, scalar_bias: bool, zero_bias: bool) -> tuple
     is a scalar, `zero_bias`: it is the literal 0."""
     safe, qk, bias, v = t.args
     r, n = len(iq), iq[-1]
-    new: list = []
-
-    def mk(op, *args):
-        u = Term(op, args)
-        if op not in ATTRIBUTE_OPS:
-            new.append(u)
-        return u
-
-    def compute(name, x):
-        return mk("compute", Term(name, ()), x)
+    made = Terms()
+    mk, compute, new = made.mk, made.compute, made.new
 
     def broadcast_scalar(x):
         return mk("access-broadcast", mk("access-reshape", x, Term("access-shape", ((1,) * r, ()))),

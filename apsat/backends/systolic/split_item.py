@@ -20,6 +20,29 @@ from apsat.lang.term import ATTRIBUTE_OPS, Term
 SPLITTABLE = frozenset({"reduce-sum", "reduce-max", "reduce-mean", "softmax", "layer-norm", "rms-norm"})
 
 
+class Terms:
+    """Makes an expansion's terms and keeps the Expr ones, children first (`new`)."""
+
+    def __init__(self):
+        self.new: list = []
+
+    def mk(self, op: str, *args) -> Term:
+        """Term(op, args), recorded unless it is an attribute (an operator, a shape)."""
+        u = Term(op, args)
+        if op not in ATTRIBUTE_OPS:
+            self.new.append(u)
+        return u
+
+    def compute(self, name: str, x: Term, *params) -> Term:
+        """`compute (name params...) x`."""
+        return self.mk("compute", Term(name, tuple(params)), x)
+
+
+def shape(*groups) -> Term:
+    """An `access-shape` term of the given dim groups (iterated, item)."""
+    return Term("access-shape", tuple(tuple(g) for g in groups))
+
+
 def chunk(m: int, cap: int) -> int:
     """The largest divisor b of m with 2 <= b <= cap and m // b > 1; 0 when there is none
     (m prime and past the cap: no split helps)."""
@@ -40,19 +63,8 @@ def expansion(t: Term, it: tuple, item: tuple, b: int) -> tuple[Term, list]:
     name, eps = op.op, (op.args[0] if op.args else 0.0)
     r, m = len(it), math.prod(item)
     a = m // b
-    new: list = []
-
-    def mk(o, *args):
-        u = Term(o, args)
-        if o not in ATTRIBUTE_OPS:
-            new.append(u)
-        return u
-
-    def shape(*groups):
-        return Term("access-shape", tuple(tuple(g) for g in groups))
-
-    def compute(n, u, *params):
-        return mk("compute", Term(n, tuple(params)), u)
+    made = Terms()
+    mk, compute, new = made.mk, made.compute, made.new
 
     chunks = mk("access-reshape", x, shape(tuple(it) + (a,), (b,)))        # ((it, a), (b))
 
@@ -168,18 +180,10 @@ def lower_as_matmul(L, t: Term) -> None:
     `systolic-array` atom the systolic rules write for a matrix product, and the result
     reshaped to t's dims."""
     a, b = t.args[1].args
-    (ia, ta), (ib, tb) = L.program.shape_of(a), L.program.shape_of(b)
+    (ia, ta), (ib, _) = L.program.shape_of(a), L.program.shape_of(b)
     m, n, k = math.prod(ia), math.prod(ib), math.prod(ta)
-    new: list = []
-
-    def mk(op, *args):
-        u = Term(op, args)
-        if op not in ATTRIBUTE_OPS:
-            new.append(u)
-        return u
-
-    def shape(*groups):
-        return Term("access-shape", tuple(tuple(g) for g in groups))
+    made = Terms()
+    mk, new = made.mk, made.new
 
     left = mk("access-reshape", a, shape((m,), (k,)))
     right = mk("access", mk("access-transpose", mk("access-reshape", b, shape((n,), (k,))), (1, 0)), 0)
