@@ -297,6 +297,31 @@ def test_elementwise_chain_lowers_without_recursion():
     assert sources[0][0].count("\n") > 3000
 
 
+def test_shuffling_reshape_chain_copies_out_instead_of_growing_its_index():
+    """300 Transpose + Reshape pairs that shuffle a (4, 6) tensor each time: read inline,
+    the index expression would double with every pair (a 40-deep chain wrote a 600 KB
+    load). Past views.INDEX_LIMIT nodes the operand is copied into a buffer of its own, so
+    the chain becomes copies of bounded index size, at a recursion limit of 400, and the
+    Triton kernels equal the reference interpreter exactly (copies move values)."""
+    import apsat
+    from apsat.backends.gpu.runner import run_kernels
+    from apsat.backends.gpu.views import INDEX_LIMIT
+    from apsat.lang.evaluate import evaluate
+
+    t = "(access-tensor x)"
+    for _ in range(300):
+        t = f"(access-reshape (access-transpose {t} (list 1 0)) (access-shape (shape 4 6) (shape)))"
+    program = apsat.parse(f"(compute relu {t})", {"x": (4, 6)})
+    graph, sources = _lower_at_low_recursion_limit(program)
+    assert not graph.host_steps and 20 < len(graph.kernels) < 300
+    assert max(len(triton) for triton, _ in sources) < 40 * INDEX_LIMIT
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    got = run_kernels(program, {"x": x})
+    got = next(iter(got.values())) if isinstance(got, dict) else got
+    np.testing.assert_array_equal(np.asarray(got.numpy() if hasattr(got, "numpy") else got),
+                                  evaluate(program, {"x": x}))
+
+
 def test_program_text_is_linear_in_its_size():
     """to_dag_text of a 5,000-deep chain allocates a small multiple of the text it writes
     (it used to hold every level's text: quadratic, 6.9 GiB for a 1.5 MB program.txt), and

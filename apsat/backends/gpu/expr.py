@@ -49,16 +49,15 @@ class Ix:
     """An integer index expression with a known range of valid values [lo, hi]. Build with
     var/const/add/mul/div/mod (never the constructor): they simplify as they go."""
 
-    __slots__ = ("_hash", "_key", "args", "hi", "lo", "op", "values")
+    __slots__ = ("_hash", "_key", "args", "hi", "lo", "op", "size", "values")
 
     def __init__(self, op, args, lo, hi):
         self.op, self.args, self.lo, self.hi = op, args, lo, hi
         self._key = (op, args)
-        # the gathered values this index reads (op "value": a gather's index), which a
-        # kernel computes before the load whose offset holds them
-        self.values = (args[0],) if op == "value" else tuple(
-            v for a in args for b in (a if isinstance(a, tuple) else (a,)) if isinstance(b, Ix)
-            for v in b.values)
+        kids = [b for a in args for b in (a if isinstance(a, tuple) else (a,)) if isinstance(b, Ix)]
+        self.size = 1 + sum(b.size for b in kids)      # nodes as written out (a tree)
+        # the gathered values it reads (op "value"): computed before the load they index
+        self.values = (args[0],) if op == "value" else tuple(v for b in kids for v in b.values)
         # computed once: hashing the nested key anew each time is quadratic in the depth of
         # an expression (T5's relative-position gathers spent 15 s of 19 s in __hash__)
         self._hash = hash(self._key)

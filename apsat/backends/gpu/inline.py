@@ -6,7 +6,7 @@ which of those roots need no kernel:
 
 * **epilogues**: a point-wise chain rides on the epilogue of the kernel producing its
   operand (a bias, an activation, a residual add after a matmul), when the path back to
-  that producer is point-wise steps and bijective views (views.epilogue_path);
+  that producer is point-wise steps and bijective views (epilogue.epilogue_path);
 * **prologues**: a chain no producer takes is computed in its one consumer kernel's
   operand loads (DenseNet's BatchNorm and ReLU before each convolution, a
   squeeze-excitation's channel scale before the projection);
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+from apsat.backends.gpu.epilogue import epilogue_path
 from apsat.backends.gpu.expr import value_nodes
 from apsat.backends.gpu.folds import NORMALISED, taps
 from apsat.backends.gpu.regions import REDUCTIONS, natural
@@ -32,7 +33,6 @@ from apsat.backends.gpu.views import (
     UNROLLED_REDUCTIONS,
     Unsupported,
     dims_of,
-    epilogue_path,
     is_elementwise,
     n_iter,
 )

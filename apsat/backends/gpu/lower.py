@@ -46,16 +46,17 @@ import re
 from apsat.backends.gpu import tiling
 from apsat.backends.gpu.attention import expansion as attention_expansion
 from apsat.backends.gpu.emit import used_vars
+from apsat.backends.gpu.epilogue import invert_path
 from apsat.backends.gpu.expr import flat, value_nodes, var
 from apsat.backends.gpu.graph import Buffer, HostStep, Kernel, KernelGraph
 from apsat.backends.gpu.inline import Inlining, is_kernel_op
 from apsat.backends.gpu.merge import merge_siblings
 from apsat.backends.gpu.regions import ROW_NORMALISATIONS, covered_ops, natural
 from apsat.backends.gpu.views import (
+    NeedsBuffer,
     Unsupported,
     Values,
     dims_of,
-    invert_path,
     is_elementwise,
     n_iter,
 )
@@ -142,7 +143,7 @@ class _Lowering:
             if t in self.term_buf and self.buffers[self.term_buf[t][0]].kind != "input":
                 outputs[name] = self.term_buf[t][0]
             else:                      # a view (or an input itself): copy it out
-                outputs[name] = self._copy(t, name)
+                outputs[name] = self._copy(t, f"copy of output {name}")
         return KernelGraph(self.steps, self.buffers, outputs, frozenset(p.weights))
 
     # -- steps
@@ -163,8 +164,8 @@ class _Lowering:
                 except Unsupported:
                     self._step(producer, None, None)     # un-fuse: producer, then the chain
             self._kernel(t, None, None)
-        except NeedsBuffer as e:     # a norm this kernel cannot read inline: its own kernel
-            self._step(e.term, None, None)
+        except NeedsBuffer as e:     # a norm or a view this kernel cannot read inline
+            self._own_buffer(e.term)
             self._step(t, producer, path)
         except Unsupported as e:
             if t.op == "attention":      # no attention kernel: the unfused terms instead
@@ -264,16 +265,36 @@ class _Lowering:
         name = f"h{len(self.steps):02d}_{re.sub(r'[^a-z0-9]+', '_', label.lower())}"
         self.steps.append(HostStep(name, out, reads, prog, label, runner, reason))
 
-    def _copy(self, t: Term, output_name: str) -> str:
-        """An element-wise kernel materialising a view (or input) that is a program output."""
+    def _copy(self, t: Term, what: str, keep: bool = False) -> str:
+        """An element-wise kernel materialising a view (or input): a program output, or
+        (keep) a view its readers take from the buffer from now on."""
         d = dims_of(self.p, t)
         idx = tuple(var(f"o{k}", n) for k, n in enumerate(d))
         vals = Values(self.p, self.term_buf)
         k = Kernel(f"k{len(self.steps):02d}_elementwise_copy", "elementwise", "", [],
-                   {"o": d}, {"out": vals.value(t, idx)}, None, [f"copy of output {output_name}"])
+                   {"o": d}, {"out": vals.value(t, idx)}, None, [what])
         k.flops = 0.0
-        self._finish(k, vals, None, d)
+        self._finish(k, vals, t if keep else None, d)
         return k.out
+
+    def _own_buffer(self, term: Term):
+        """Give `term` a buffer of its own: its kernel, or for a view a copy; a view under
+        it that the copy cannot read inline either is copied first (a loop, not recursion:
+        a shuffling chain can be long)."""
+        pending = [term]
+        while pending:
+            u = pending[-1]
+            if u in self.term_buf:
+                pending.pop()
+            elif is_kernel_op(u) or is_elementwise(u):
+                pending.pop()
+                self._step(u, None, None)
+            else:
+                try:
+                    self._copy(u, f"copy of {u.op} (its readers' index would outgrow a kernel)", keep=True)
+                    pending.pop()
+                except NeedsBuffer as e:
+                    pending.append(e.term)
 
     def _kernel(self, t: Term, chain: Term | None, path):
         """The kernel computing t; with `chain`, the kernel stores chain's value instead
@@ -319,16 +340,6 @@ class _Lowering:
             per = 1 + _ops(values["elem"]) + (2 if spec["op"] in ROW_NORMALISATIONS else 0)
             k.flops = float(a["r"] * a["c"] * per + _ops(value) * out_elems)
         self._finish(k, vals, out_term, out_dims)
-
-
-class NeedsBuffer(Unsupported):
-    """A kernel reads a normalisation inline that it cannot compute the row statistics
-    of (it is not a gemm, or the row varies along n or k): the norm gets a kernel of its
-    own, and the reader is built again."""
-
-    def __init__(self, term: Term, why: str):
-        super().__init__(why)
-        self.term = term
 
 
 _ROW_VARS = re.compile(r"[bms]\d+")

@@ -3,7 +3,7 @@
 `natural(program, t, buffers)` describes the kernel computing term t (a fused matmul
 atom, `systolic-array`, or a reducing `compute`): its kind, loop axes, operand values, the
 value at its own output index ("post", reading the accumulator ACC) and that index ("p"),
-which the lowering may extend with an element-wise consumer chain (views.invert_path).
+which the lowering may extend with an element-wise consumer chain (epilogue.invert_path).
 
 Matrix products become gemm kernels when both sides have more than one row; a
 matrix-vector product (or a dot-product whose operands vary along the same output axes)

@@ -10,10 +10,8 @@ the pair axis. Element-wise compute operators that the lowering chose to inline 
 of adds, multiplies and activations) become arithmetic on their operands' values, and so
 does a `chain F G` operator (F's arithmetic, then G's on its value).
 
-`epilogue_path` and `invert_path` let a kernel (matmul or reduction) compute an
-element-wise consumer chain in its epilogue: the path from the chain's root down to the
-kernel must consist of point-wise steps and bijective views, so the kernel can work out,
-for each element it produced, where the chain's result for that element goes.
+epilogue.py's `epilogue_path` and `invert_path` let a kernel (matmul or reduction)
+compute an element-wise consumer chain in its epilogue.
 """
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ from apsat.backends.gpu.expr import (Ix, add, call, const, fconst, flat, gathere
                                       unflat, vge, where)
 from apsat.backends.gpu.folds import FOLD, NORMALISED, UNROLL_LIMIT, normalised, taps, unrolled
 from apsat.lang import formula as fm
-from apsat.lang.ops import COMPUTE_OPS, LOCAL_OPS, NARY_OPS, UNARY_MAPS, chain_parts
+from apsat.lang.ops import COMPUTE_OPS, LOCAL_OPS, UNARY_MAPS, chain_parts
 from apsat.lang.term import Term
 from apsat.errors import ApsatError
 
@@ -35,12 +33,24 @@ from apsat.errors import ApsatError
 
 
 _UNKNOWN = object()      # Values._run: a read whose value is not memoised yet
+INDEX_LIMIT = 400       # index expression nodes: a reshape chain's operand past it is copied out
 UNROLLED_REDUCTIONS = frozenset(n for n, s in COMPUTE_OPS.items()
                                 if s.kind in ("reduction", "contraction") and n in FOLD)
 
 
 class Unsupported(ApsatError):
     """The GPU target cannot express a term; the lowering turns it into a host step."""
+
+
+class NeedsBuffer(Unsupported):
+    """A kernel cannot read `term` inline: a normalisation whose row statistics it cannot
+    compute, or a view under reshapes that shuffle elements so often that the index
+    expression outgrows INDEX_LIMIT (written out as a tree, it would double a level). The
+    term gets a kernel (or a copy) of its own, and the reader is built again."""
+
+    def __init__(self, term: Term, why: str):
+        super().__init__(why)
+        self.term = term
 
 
 def dims_of(program, term: Term) -> tuple[int, ...]:
@@ -131,6 +141,9 @@ class Values:
         if op in ("access-reshape", "access-flatten"):
             cd, d = self.dims(child), self.dims(t)
             c = idx if cd == d else unflat(flat(idx, d), cd)
+            if max((x.size for x in c), default=0) > INDEX_LIMIT and child not in self.buffers:
+                raise NeedsBuffer(child, f"reading through {op} needs an index of more than "
+                                         f"{INDEX_LIMIT} terms")
             return (yield child, c, conds)
         if op in ("access-squeeze", "access-insert-axis"):
             a = t.args[1]
@@ -325,70 +338,3 @@ def nary(name: str, ops: list):
     for o in ops[1:]:
         acc = fm.interpret(spec.scalar, (acc, o), (), KERNEL)
     return acc
-
-
-# ---- epilogue paths ------------------------------------------------------------------------
-
-_SAME_INDEX_VIEWS = frozenset({"access"})
-_BIJECTIVE_VIEWS = frozenset({"access-reshape", "access-flatten", "access-squeeze",
-                              "access-insert-axis", "access-transpose"})
-
-
-def epilogue_path(program, root: Term, is_candidate, uses, buffers) -> tuple | None:
-    """(producer, steps) for the first kernel term a point-wise chain rooted at `root` reads
-    through point-wise steps and bijective views only, else None.
-
-    is_candidate(term): may this materialised term compute the chain in its epilogue?
-    uses: term -> number of consumer slots; every term strictly between root and the
-    producer must have one, so no other consumer needs the producer's own result.
-    steps: (parent, child index) pairs from root down to the producer, for invert_path."""
-    stack = [(root, None, ())]
-    while stack:
-        t, pending, steps = stack.pop()
-        if t is not root:
-            if t in buffers:
-                if pending is None and is_candidate(t):
-                    return t, steps
-                continue
-            if uses.get(t, 0) != 1:
-                continue
-        op = t.op
-        nxt = []
-        if op == "compute" and leading(t.args[0]) in UNARY_MAPS and pending is None:
-            nxt = [(1, None)]
-        elif op == "compute" and leading(t.args[0]) in NARY_OPS and pending is None:
-            nxt = [(1, n_iter(program, t.args[1]))]
-        elif op in _SAME_INDEX_VIEWS:
-            nxt = [(0, pending)]
-        elif op == "access-pair" and pending == n_iter(program, t):
-            nxt = [(1, None), (0, None)]
-        elif op in _BIJECTIVE_VIEWS and pending is None:
-            nxt = [(0, None)]
-        for pos, pend in nxt:
-            stack.append((t.args[pos], pend, steps + ((t, pos),)))
-    return None
-
-
-def invert_path(program, steps: tuple, idx: tuple) -> tuple:
-    """The root's index tuple of the element the producer computes at `idx`."""
-    for parent, pos in reversed(steps):
-        op, child = parent.op, parent.args[pos]
-        if op == "compute" and leading(parent.args[0]) in NARY_OPS:
-            n = n_iter(program, child)
-            idx = idx[:n] + idx[n + 1:]
-        elif op == "access-pair":
-            n = n_iter(program, parent)
-            idx = idx[:n] + (const(pos),) + idx[n:]
-        elif op in ("access-reshape", "access-flatten"):
-            cd, d = dims_of(program, child), dims_of(program, parent)
-            idx = idx if cd == d else unflat(flat(idx, cd), d)
-        elif op == "access-squeeze":
-            a = parent.args[1]
-            idx = idx[:a] + idx[a + 1:]
-        elif op == "access-insert-axis":
-            a = parent.args[1]
-            idx = idx[:a] + (const(0),) + idx[a:]
-        elif op == "access-transpose":
-            idx = tuple(idx[p] for p in parent.args[1])
-        # access and unary compute keep the index
-    return idx
