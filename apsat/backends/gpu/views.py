@@ -139,12 +139,7 @@ class Values:
         if op == "access-transpose":     # dim k of t is dim perm[k] of the child
             return (yield child, tuple(idx[t.args[1].index(p)] for p in range(len(idx))), conds)
         if op in ("access-reshape", "access-flatten"):
-            cd, d = self.dims(child), self.dims(t)
-            c = idx if cd == d else unflat(flat(idx, d), cd)
-            if max((x.size for x in c), default=0) > INDEX_LIMIT and child not in self.buffers:
-                raise NeedsBuffer(child, f"reading through {op} needs an index of more than "
-                                         f"{INDEX_LIMIT} terms")
-            return (yield child, c, conds)
+            return (yield child, self._reshaped(t, child, idx), conds)
         if op in ("access-squeeze", "access-insert-axis"):
             a = t.args[1]
             return (yield child, idx[:a] + (const(0),) + idx[a:] if op == "access-squeeze" else idx[:a] + idx[a + 1:],
@@ -184,6 +179,15 @@ class Values:
         if op == "compute" and t.args[0].op in NORMALISED:
             return normalised(self, t, idx, conds)
         raise Unsupported(f"{op} cannot be read as a view inside a kernel")
+
+    def _reshaped(self, t: Term, child: Term, idx: tuple) -> tuple:
+        """The child's index tuple under reshape t; NeedsBuffer(child) when it would
+        outgrow INDEX_LIMIT nodes (reshapes that shuffle elements, again and again)."""
+        cd, d = self.dims(child), self.dims(t)
+        c = idx if cd == d else unflat(flat(idx, d), cd)
+        if max((x.size for x in c), default=0) > INDEX_LIMIT and child not in self.buffers:
+            raise NeedsBuffer(child, f"reading through {t.op} needs an index of more than {INDEX_LIMIT} terms")
+        return c
 
     def _pick(self, k: Ix, reads):
         """Operand 0 or 1 of a pair by pair-axis index k (static where known) of `reads`."""

@@ -90,16 +90,7 @@ def lower_compute(L, t) -> None:
     op, x = t.args
     name = op.op
     if name == "dot-product":
-        if x.op == "access-cartesian-product":      # left off the array: map it here
-            from apsat.backends.systolic.split_item import lower_as_matmul
-
-            return lower_as_matmul(L, t)
-        if x.op != "access-pair":
-            raise Unlowerable("dot-product left off the array (the extractor did not map it to "
-                              "systolic-array)")
-        from apsat.backends.systolic.grouped import lower_pair_dot
-
-        return lower_pair_dot(L, t)
+        return _dot_product(L, t, x)
     it, item = L.program.shape_of(x)
     out = L.buf_of[t]
     text = op_text(op)
@@ -147,6 +138,23 @@ def lower_compute(L, t) -> None:
         dst = Slot("ofmap", L.half("ofmap"), r1 - r0, out_cols)
         L.emit(Vec("row", text, _w(dst), (_w(src),), tuple(item), L.tag))
         L.emit(Store(out, (rows, out_cols), Region(r0, r1, 0, out_cols), dst, False, L.tag))
+
+
+def _dot_product(L, t, x) -> None:
+    """A dot-product the extractor did not map to systolic-array: over a cartesian product,
+    mapped onto the array here (split_item.lower_as_matmul); over a pair, grouped.py; else
+    Unlowerable (a HOST step)."""
+    from apsat.backends.systolic.lower import Unlowerable
+
+    if x.op == "access-cartesian-product":
+        from apsat.backends.systolic.split_item import lower_as_matmul
+
+        return lower_as_matmul(L, t)
+    if x.op != "access-pair":
+        raise Unlowerable("dot-product left off the array (the extractor did not map it to systolic-array)")
+    from apsat.backends.systolic.grouped import lower_pair_dot
+
+    return lower_pair_dot(L, t)
 
 
 def _axis0(L, t, base, steps, name, text, rows, item, out_cols) -> None:
