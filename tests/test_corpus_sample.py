@@ -1,8 +1,10 @@
 """The corpus CI sample (tests/data/corpus: about ten small models of the public corpus, one
 per kind of architecture, made by `python benchmarks/corpus.py sample`) imports, optimises
 and verifies on gpu and systolic:32x32: the reference interpreter and, on systolic, the
-simulator equal onnxruntime on apsat's seeded inputs, as `apsat zoo` checks them. The files
-stay small (under 1 MB each) and the manifest lists every one of them."""
+simulator equal onnxruntime on apsat's seeded inputs, as `apsat zoo` checks them, with no
+opaque call and no host step on either target (embedding lookups, relative-position biases
+and routers are the language's gathers). The files stay small (under 1 MB each) and the
+manifest lists every one of them."""
 from __future__ import annotations
 
 import json
@@ -31,5 +33,9 @@ def test_sample_model_verifies(name, target):
     res = apsat.optimize(SAMPLE / f"{name}.onnx", target=target)
     r = res.report
     assert r["verification"]["ok"], r["verification"]
-    if target != "gpu":
+    assert not r["opaque_ops"], r["opaque_ops"]
+    if target == "gpu":
+        assert r["gpu_kernels"]["totals"]["host_steps"] == 0, r["gpu_kernels"]["host_steps"]
+    else:
         assert r["systolic"]["simulation"]["ok"], r["systolic"]["simulation"]
+        assert not r["systolic"]["host_steps"], r["systolic"]["host_steps"]
