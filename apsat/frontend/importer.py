@@ -197,6 +197,8 @@ class Importer:
             if dims is not None:
                 check_dims(where, f"output {name!r}", dims, empty_ok=True)
         default = node.domain in ("", "ai.onnx")
+        if self._empty_outputs(node):
+            return
         ins = [self.env[n] if n else None for n in node.input]
         check_one_d(where, node, lambda k: None if ins[k] is None else
                     ins[k].value.shape if isinstance(ins[k], Const) else self.b.dims(ins[k]))
@@ -211,6 +213,8 @@ class Importer:
         if all_const and self._should_fold(fn, ins, node.op_type):
             return self._fold(idx, node, ins)
         self._complete_info(node, ins)
+        if self._empty_outputs(node):       # known empty only now, from the node's own inference
+            return
         ins_all = ins
         outs = self._lower(idx, node, fn) if fn is not None else None
         if outs is None:
@@ -225,6 +229,20 @@ class Importer:
                                      f"but onnx infers {expect}")
                 check_dims(where, f"output {name!r}", self.b.dims(term))
                 self.env[name] = term
+
+    def _empty_outputs(self, node) -> bool:
+        """When every used output has no elements (a partial rotary embedding's empty
+        pass-through slice), they are constants: an empty tensor holds no value to compute.
+        The language has no empty tensors; a Concat drops such parts, and an op that reads
+        one gives another empty constant. True when the node needs nothing more."""
+        used = [o for o in node.output if o and self.is_used(o)]
+        dims = [self.info.get(o, (0, None))[1] for o in used]
+        if not used or any(d is None or 0 not in d for d in dims):
+            return False
+        for name, d in zip(used, dims):
+            elem = self.info.get(name, (0, None))[0] or onnx.TensorProto.FLOAT
+            self.env[name] = Const(np.zeros(d, helper.tensor_dtype_to_np_dtype(elem)))
+        return True
 
     def _inline_branch(self, idx: int, node, condition: bool):
         """An If whose condition is known at import (an exporter's shape check): the branch

@@ -452,3 +452,19 @@ def test_logits_output_adds_the_softmax_input():
     assert [o.name for o in with_logits.graph.output] == ["softmaxout_1", "r65"]
     assert len(proto.graph.output) == 1                  # the original is untouched
     assert zoo.logits_output(models.gelu_mlp()) is not None
+
+
+def test_empty_tensors_are_constants_that_concat_drops():
+    """A partial rotary embedding rotating every dim: the pass-through slice is empty (Phi-3,
+    Qwen3-ViT and GPT-NeoX-Japanese exports), read by a Neg, then concatenated back. Empty
+    values are constants (nothing to compute): no opaque call, and the result equals
+    onnxruntime."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Slice", ["x", "s", "e", "a"], ["rest"]),          # x[..., 8:8]: empty
+             helper.make_node("Neg", ["rest"], ["neg"]),
+             helper.make_node("Mul", ["x", "two"], ["rot"]),
+             helper.make_node("Concat", ["rot", "neg"], ["y"], axis=-1)]
+    proto = models.make_model(nodes, {"x": (1, 2, 4, 8)}, ["y"],
+                              {"s": _ints(8), "e": _ints(8), "a": _ints(-1), "two": np.array(2.0, np.float32)})
+    check(proto)
