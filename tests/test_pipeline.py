@@ -32,3 +32,19 @@ def test_light_model_extracted_program_matches_onnxruntime(name):
     # the extracted program is the imported one (no rules yet): same size, no opaque calls
     assert res.report["opaque_calls"] == []
     assert sum(res.report["ops_after"].values()) == len(res.model.program.terms())
+
+
+def test_region_mode_is_chosen_by_program_size(monkeypatch):
+    """regions=None (the default) saturates by regions only past REGIONS_PAST terms, and the
+    report says which and why; both ways the result verifies."""
+    from apsat.pipeline import optimize as opt
+
+    path = next(p for p in light_model_paths() if p.stem == "light_squeezenet")
+    res = optimize(path, target="gpu")
+    assert res.report["saturation"]["regions"]["used"] is False
+    assert "<= 10,000" in res.report["saturation"]["regions"]["why"]
+    monkeypatch.setattr(opt, "REGIONS_PAST", 100)
+    res = optimize(path, target="gpu")
+    assert res.report["saturation"]["regions"]["used"] is True and res.report["verification"]["ok"]
+    assert optimize(path, target="gpu", regions=False).report["saturation"]["regions"] == \
+        {"used": False, "why": "asked"}

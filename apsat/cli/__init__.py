@@ -301,8 +301,9 @@ def common_options(p) -> None:
                         "windows gathered by the DMA), fold (transposes and pads as address "
                         "patterns, concatenations built in place), zips (an element-wise op over a fused GEMM in its epilogue), "
                         "or all; default: follow the cost model")
-    p.add_argument("--regions", action="store_true",
-                   help="saturate region by region, identical regions once")
+    p.add_argument("--regions", action=argparse.BooleanOptionalAction, default=None,
+                   help="saturate region by region, identical regions once (default: for "
+                        "programs of more than 10,000 terms)")
     p.add_argument("--input-shape", type=_input_shape, action="append", metavar="NAME=D0,D1,...",
                    help="fix an input's dims (repeatable), as onnxsim's --overwrite-input-shape; "
                         "symbolic dims not fixed become 1, with a notice")
