@@ -49,10 +49,10 @@ class Ix:
     """An integer index expression with a known range of valid values [lo, hi]. Build with
     var/const/add/mul/div/mod (never the constructor): they simplify as they go."""
 
-    __slots__ = ("_hash", "_key", "args", "hi", "lo", "op", "size", "values")
+    __slots__ = ("_deps", "_hash", "_key", "args", "hi", "lo", "op", "size", "values")
 
     def __init__(self, op, args, lo, hi):
-        self.op, self.args, self.lo, self.hi = op, args, lo, hi
+        self.op, self.args, self.lo, self.hi, self._deps = op, args, lo, hi, None
         self._key = (op, args)
         kids = [b for a in args for b in (a if isinstance(a, tuple) else (a,)) if isinstance(b, Ix)]
         self.size = 1 + sum(b.size for b in kids)      # nodes as written out (a tree)
@@ -78,16 +78,17 @@ class Ix:
         return self.args[0] if self.op == "const" else None
 
     def deps(self) -> frozenset:
-        """Names of the variables the expression reads."""
-        if self.op == "var":
-            return frozenset([self.args[0]])
-        if self.op == "value":
-            out = frozenset()
-            for v in loads(self.args[0]):
-                out |= v[2].deps()
-                for c in v[3]:
-                    out |= c[1].deps()
-            return out
+        """Names of the variables the expression reads (a gathered index: those its value's
+        loads read). Computed once: kernels ask for every load's, and an index value's own
+        loads are a walk of the value (Swin's shifted windows: 70 s uncached)."""
+        if self._deps is None:
+            if self.op in ("var", "value"):
+                self._deps = frozenset([self.args[0]]) if self.op == "var" else frozenset().union(
+                    *(v[2].deps().union(*(c[1].deps() for c in v[3])) for v in loads(self.args[0])))
+            else:
+                self._deps = frozenset().union(*(b.deps() for a in self.args for b in
+                                                 (a if isinstance(a, tuple) else (a,)) if isinstance(b, Ix)))
+        return self._deps
         out = frozenset()
         for a in self.args:
             if isinstance(a, Ix):
