@@ -9,6 +9,8 @@ transformers, exported to ONNX with seeded random weights, and run through `apsa
            models, then the table: verified / failed, failures by class, host steps, opaque
            ops, seconds and peak memory, onnxruntime latency of optimized.onnx against the
            original ([--markdown docs/corpus.md] writes it with the architecture list)
+  merge    one table from several runs (RUN/rows.json; a later run's row replaces an earlier
+           one: the models a fix touched, rerun) [--markdown FILE]
   sample   write the CI sample (tests/data/corpus/, corpus_sample.SAMPLE) from the catalogue
 
 Nothing is downloaded: timm `pretrained=False`, torchvision `weights=None`, transformers
@@ -16,7 +18,7 @@ models from a tiny config (corpus_hf). Models and runs live in the cache directo
 (platformdirs' user cache dir, apsat/corpus; `--cache` or $APSAT_CORPUS_DIR), out of git.
 Needs the corpus extra: pip install -e '.[corpus]' (torch stays 2.13.0 CPU).
 
-Usage: python benchmarks/corpus.py list|export|run|sample [options]
+Usage: python benchmarks/corpus.py list|export|run|merge|sample [options]
 """
 from __future__ import annotations
 
@@ -160,6 +162,28 @@ def cmd_run(args) -> int:
     return 0 if all(r["status"] == "verified" for r in rows) else 1
 
 
+def cmd_merge(args) -> int:
+    """Merge the rows of several runs (each RUN/rows.json; a later run's row for a model and
+    target replaces an earlier one: a rerun of the models a fix touched) and print (and
+    write) the table, naming each run."""
+    import corpus_results as cr
+
+    merged: dict = {}
+    for run in args.runs:
+        for r in json.loads((run / "rows.json").read_text()):
+            merged[(r["model"], r["target"])] = r
+    rows = list(merged.values())
+    print("\n".join(cr.summary_lines(rows)))
+    if args.markdown:
+        import corpus_models as cm
+
+        _, static = cm.catalogue(cm.import_libraries())
+        command = "python benchmarks/corpus.py " + shlex.join(sys.argv[1:])
+        args.markdown.write_text(cr.markdown(rows, cx.load_manifest(args.cache), static, command))
+        print(f"wrote {args.markdown}")
+    return 0 if all(r["status"] == "verified" for r in rows) else 1
+
+
 def cmd_sample(args) -> int:
     """Write the CI sample into tests/data/corpus (corpus_sample)."""
     import corpus_sample
@@ -189,6 +213,9 @@ def parser() -> argparse.ArgumentParser:
                    help="leave out --onnx-out (and so the latency ratio)")
     r.add_argument("--no-latency", dest="latency", action="store_false", help="skip the onnxruntime timing")
     r.add_argument("--markdown", type=Path, help="also write the table and the lists here (docs/corpus.md)")
+    m = sub.add_parser("merge", help="one table from several runs' rows (later runs replace rows)")
+    m.add_argument("runs", nargs="+", type=Path, help="run directories (--out of `run`), oldest first")
+    m.add_argument("--markdown", type=Path, help="also write the table and the lists here")
     s = sub.add_parser("sample", help="write the CI sample (tests/data/corpus)")
     s.add_argument("--dest", type=Path, default=ROOT / "tests" / "data" / "corpus")
     return p
@@ -200,7 +227,8 @@ def main(argv=None) -> int:
     args.cache = args.cache or cx.default_cache()
     if getattr(args, "out", None) is None and args.command == "run":
         args.out = args.cache / "runs"
-    return {"list": cmd_list, "export": cmd_export, "run": cmd_run, "sample": cmd_sample}[args.command](args)
+    return {"list": cmd_list, "export": cmd_export, "run": cmd_run, "merge": cmd_merge,
+            "sample": cmd_sample}[args.command](args)
 
 
 if __name__ == "__main__":
