@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from apsat.backends.onnx.graph import Builder, Val, in_layout, needs_transpose, physical
+from apsat.backends.onnx.graph import Builder, Val, const_val, in_layout, needs_transpose, physical
 from apsat.backends.onnx.views import Padded, Windows, as_val, squeeze
 from apsat.backends.onnx.contract import _real
 
@@ -94,6 +94,8 @@ def attention(b: Builder, safe: int, q, k, bias, v, shape: tuple) -> Val:
     four = [math.prod(heads[:-1]) if len(heads) > 1 else 1, heads[-1] if heads else 1]
     names = []
     for x, s, w in parts:
+        if x.is_const and not x.full:   # a broadcast constant (keys of zeros): written whole,
+            x = const_val(np.ascontiguousarray(x.logical_array()))   # the reshape reads every dim
         x = in_layout(b, x, tuple(lead + [s, w]))
         names.append(b.reshape(physical(b, x), four + list(x.dims[-2:]), x.dims))
     mask = _mask(b, bias, heads, shape[m], k.shape[n], four)

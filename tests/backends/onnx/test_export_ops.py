@@ -133,3 +133,26 @@ def test_an_opaque_call_reading_a_concatenation_exports():
               "gy": rng.uniform(-1, 1, (1, 3, 3)).astype(np.float32)}
     exported = apsat.optimize(proto, target="gpu", verify=False).to_onnx()
     np.testing.assert_array_equal(ort_run(exported, inputs)["y"], ort_run(proto, inputs)["y"])
+
+
+def test_attention_over_constant_keys_broadcast_over_heads_exports():
+    """An attention atom whose keys and values are weights shared by every head (a broadcast
+    constant after folding, as Inkling's export has): the constant is written whole before
+    the Attention node's reshape reads its head axes (it was written with those axes cut to
+    1, and onnxruntime refused the Reshape)."""
+    from attention_forms import forms
+
+    from apsat.lang.program import Program
+
+    atom, _, shapes = forms((1, 4), (1, 1), 3, 5, 8, 6, safe=False, bias=False)
+    rng = np.random.default_rng(2)
+    weights = {n: rng.standard_normal(shapes[n]).astype(np.float32) for n in ("k", "vt")}
+    parsed = apsat.parse(atom, shapes)
+    program = Program(parsed.outputs, parsed.tensor_shapes, weights=frozenset(weights))
+    model = SimpleNamespace(onnx=helper.make_model(helper.make_graph(
+        [], "g", [helper.make_tensor_value_info("q", TensorProto.FLOAT, shapes["q"])], [])), weights=weights)
+    proto = export_onnx(program, model)
+    q = rng.standard_normal(shapes["q"]).astype(np.float32)
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"q": q})[0]
+    assert compare({"out": apsat.evaluate(program, {"q": q, **weights})}, {"out": got}).ok
