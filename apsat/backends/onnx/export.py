@@ -129,7 +129,7 @@ class _Leaves:
         """The original node, fed its arguments in the element types it was declared with."""
         key, args, dims = t.args
         spec = self.p.opaque_nodes[key]
-        node = onnx.NodeProto.FromString(spec.node)
+        node = _upgraded(onnx.NodeProto.FromString(spec.node), spec.opsets)
         inputs = list(node.input)
         for pos, arg, val in zip(spec.arg_inputs, args, kids):
             inputs[pos] = self._arg(arg, val, spec.input_types[pos])
@@ -155,6 +155,28 @@ class _Leaves:
             return self.b.const(np.broadcast_to(val.aligned_array(), val.shape), "opaque_arg", dtype)
         out = dense(self.b, as_val(self.b, val))
         return out if elem == TensorProto.FLOAT else self.b.cast(out, elem)
+
+
+def _upgraded(node, opsets) -> onnx.NodeProto:
+    """An opaque node as the export's opset reads it: where its op changed between the
+    model's opset and OPSET (GridSample's mode "bilinear" became "linear" at 20), onnx's
+    version converter rewrites it; a node it cannot convert into one node stays as it was."""
+    from onnx import version_converter
+
+    old = dict(opsets).get("", OPSET)
+    if node.domain not in ("", "ai.onnx") or old == OPSET:
+        return node
+    try:
+        if onnx.defs.get_schema(node.op_type, old).since_version == onnx.defs.get_schema(node.op_type, OPSET).since_version:
+            return node
+        graph = helper.make_graph([node], "node", [helper.make_tensor_value_info(i, TensorProto.FLOAT, None)
+                                                   for i in dict.fromkeys(node.input) if i],
+                                  [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node.output if o])
+        converted = version_converter.convert_version(
+            helper.make_model(graph, opset_imports=[helper.make_opsetid("", old)]), OPSET).graph
+    except Exception:  # noqa: BLE001 - the converter's own refusal: the node as it was
+        return node
+    return converted.node[0] if len(converted.node) == 1 and not converted.initializer else node
 
 
 def _attrs(node) -> dict:

@@ -116,7 +116,9 @@ def test_a_systolic_array_atom_is_refused_in_one_line():
 
 def test_an_opaque_call_reading_a_concatenation_exports():
     """GridSample (an opaque call) whose grid is a Concat of two Unsqueezes (RAFT's): the
-    argument is a lazy pair in the export, written out before the call reads it."""
+    argument is a lazy pair in the export, written out before the call reads it; and the
+    node, written at opset 17 (mode "bilinear"), is upgraded to the export's opset, where
+    that mode is called "linear"."""
     from backend_cases import checked_model
 
     from apsat.pipeline.zoo import ort_run
@@ -124,7 +126,7 @@ def test_an_opaque_call_reading_a_concatenation_exports():
     f = TensorProto.FLOAT
     nodes = [helper.make_node("Unsqueeze", ["gx", "ax"], ["ux"]), helper.make_node("Unsqueeze", ["gy", "ax"], ["uy"]),
              helper.make_node("Concat", ["ux", "uy"], ["grid"], axis=-1),
-             helper.make_node("GridSample", ["x", "grid"], ["y"], align_corners=1)]
+             helper.make_node("GridSample", ["x", "grid"], ["y"], align_corners=1, mode="bilinear")]
     proto = checked_model(nodes, {"x": (f, [1, 2, 4, 4]), "gx": (f, [1, 3, 3]), "gy": (f, [1, 3, 3])},
                           {"y": (f, [1, 2, 3, 3])}, {"ax": np.array([3])}, opset=17)
     rng = np.random.default_rng(0)
