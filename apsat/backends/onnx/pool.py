@@ -136,4 +136,22 @@ def _mask(b: Builder, bias, heads: list, m: int, n: int, four: list):
     if tuple(bv.dims[-2:-1]) != (m,) or len(heads) != 2:
         mask = b.op("Expand", [mask, b.ints(full)])
         mask = b.reshape(mask, list(four) + [m, n], full)
-    return mask
+    return _finite_floor(b, mask)
+
+
+# onnxruntime's Attention reads a mask value as low as -FLT_MAX (masked_fill with finfo.min,
+# as transformers write padding) as -inf: a row masked whole gives 0, where the program (and
+# the original's Add and Softmax) give the mean of the values, every score being equally
+# -FLT_MAX. Raised to MASK_FLOOR a value is still far below any score (exp gives 0 beside
+# an unmasked one) and a row masked whole stays uniform; -inf itself stays -inf.
+MASK_FLOOR = -1e30
+
+
+def _finite_floor(b: Builder, mask: str) -> str:
+    """`mask` with its finite values below MASK_FLOOR raised to it (at export time for a
+    constant mask)."""
+    value = b.value_of(mask)
+    if value is not None:
+        return b.const(np.where(np.isneginf(value), value, np.maximum(value, np.float32(MASK_FLOOR))))
+    raised = b.op("Max", [mask, b.const(np.float32(MASK_FLOOR))])
+    return b.op("Where", [b.op("IsInf", [mask], detect_positive=0), mask, raised])

@@ -158,3 +158,20 @@ def test_attention_over_constant_keys_broadcast_over_heads_exports():
     sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     got = sess.run(None, {"q": q})[0]
     assert compare({"out": apsat.evaluate(program, {"q": q, **weights})}, {"out": got}).ok
+
+
+def test_attention_with_a_row_masked_whole_by_finfo_min_exports_as_the_program():
+    """A padding mask written with finfo.min (transformers' masked_fill): a query row masked
+    whole attends uniformly in the program and the original; onnxruntime's Attention reads
+    -FLT_MAX as -inf and gives 0 there, so the export raises finite mask values to -1e30."""
+    from attention_forms import forms
+
+    atom, _, shapes = forms((1, 2), (1, 2), 4, 4, 8, 3, safe=False, bias=True)
+    rng = np.random.default_rng(3)
+    inputs = {n: rng.standard_normal(d).astype(np.float32) for n, d in shapes.items()}
+    mask = np.zeros(shapes["mask"], np.float32)
+    mask[..., 2, :] = np.finfo(np.float32).min            # query row 2 masked whole
+    mask[..., 0, 3] = np.finfo(np.float32).min            # one key of row 0
+    inputs["mask"] = mask
+    verdict, _ = _exported_matches(atom, shapes, inputs)
+    assert verdict.ok, verdict
