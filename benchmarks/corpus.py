@@ -176,7 +176,9 @@ def cmd_merge(args) -> int:
             merged[(r["model"], r["target"])] = r
     rows = list(merged.values())
     manifest = cx.load_manifest(args.cache)
-    for r in rows:      # judged by an older rule (a fixed tolerance): judged again by today's
+    for r in rows:      # classified and judged by older rules: again by today's
+        if r.get("reason"):
+            r["class"] = cr.classify(r["status"], r["reason"])
         if r.get("ort_note") == "export differs from the original" and r.get("optimized"):
             r["ort_ratio"], r["ort_note"] = cr.latency_ratio(args.cache / manifest["models"][r["model"]]["file"],
                                                              Path(r["optimized"]))
