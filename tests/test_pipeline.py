@@ -34,17 +34,21 @@ def test_light_model_extracted_program_matches_onnxruntime(name):
     assert sum(res.report["ops_after"].values()) == len(res.model.program.terms())
 
 
-def test_region_mode_is_chosen_by_program_size(monkeypatch):
-    """regions=None (the default) saturates by regions only past REGIONS_PAST terms, and the
-    report says which and why; both ways the result verifies."""
+def test_region_mode_is_chosen_by_program_size_and_reuse(monkeypatch):
+    """regions=None (the default) saturates by regions only past REGIONS_PAST terms, and
+    there only when most regions repeat; the report says which and why; by regions the
+    result verifies."""
     from apsat.pipeline import optimize as opt
 
-    path = next(p for p in light_model_paths() if p.stem == "light_squeezenet")
+    path = next(p for p in light_model_paths() if p.stem == "light_shufflenet")   # 75 % of its regions repeat
     res = optimize(path, target="gpu")
     assert res.report["saturation"]["regions"]["used"] is False
     assert "<= 10,000" in res.report["saturation"]["regions"]["why"]
     monkeypatch.setattr(opt, "REGIONS_PAST", 100)
     res = optimize(path, target="gpu")
-    assert res.report["saturation"]["regions"]["used"] is True and res.report["verification"]["ok"]
+    assert res.report["saturation"]["regions"] == {"used": True, "why": "1,949 terms > 100, 75% of its regions repeated"}
+    assert res.report["verification"]["ok"]
+    monkeypatch.setattr(opt, "REUSE_AT_LEAST", 0.9)
+    assert optimize(path, target="gpu").report["saturation"]["regions"]["used"] is False
     assert optimize(path, target="gpu", regions=False).report["saturation"]["regions"] == \
         {"used": False, "why": "asked"}

@@ -303,7 +303,7 @@ def common_options(p) -> None:
                         "or all; default: follow the cost model")
     p.add_argument("--regions", action=argparse.BooleanOptionalAction, default=None,
                    help="saturate region by region, identical regions once (default: for "
-                        "programs of more than 10,000 terms)")
+                        "programs of more than 10,000 terms whose regions mostly repeat)")
     p.add_argument("--input-shape", type=_input_shape, action="append", metavar="NAME=D0,D1,...",
                    help="fix an input's dims (repeatable), as onnxsim's --overwrite-input-shape; "
                         "symbolic dims not fixed become 1, with a notice")
