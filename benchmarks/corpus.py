@@ -149,10 +149,26 @@ def cmd_run(args) -> int:
         target_rows = cr.collect(out, names, stderr, target)
         for r in target_rows:
             if r.get("optimized") and args.latency:
-                r["ort_ratio"], r["ort_note"] = cr.latency_ratio(args.cache / manifest["models"][r["model"]]["file"],
-                                                                 Path(r["optimized"]))
+                _time_export(r, manifest, args)
         rows += target_rows
     (args.out / "rows.json").write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    return _report(rows, manifest, args)
+
+
+def _time_export(row: dict, manifest: dict, args) -> None:
+    """The row's onnxruntime latency ratio of optimized.onnx against the original, and why
+    none (corpus_results.latency_ratio)."""
+    import corpus_results as cr
+
+    original = args.cache / manifest["models"][row["model"]]["file"]
+    row["ort_ratio"], row["ort_note"] = cr.latency_ratio(original, Path(row["optimized"]))
+
+
+def _report(rows: list, manifest: dict, args) -> int:
+    """Print the table of `rows` (and write it with the lists to --markdown); 0 when every
+    row verified, else 1."""
+    import corpus_results as cr
+
     print("\n".join(cr.summary_lines(rows)))
     if args.markdown:
         import corpus_models as cm
@@ -180,17 +196,8 @@ def cmd_merge(args) -> int:
         if r.get("reason"):
             r["class"] = cr.classify(r["status"], r["reason"])
         if r.get("ort_note") == "export differs from the original" and r.get("optimized"):
-            r["ort_ratio"], r["ort_note"] = cr.latency_ratio(args.cache / manifest["models"][r["model"]]["file"],
-                                                             Path(r["optimized"]))
-    print("\n".join(cr.summary_lines(rows)))
-    if args.markdown:
-        import corpus_models as cm
-
-        _, static = cm.catalogue(cm.import_libraries())
-        command = "python benchmarks/corpus.py " + shlex.join(sys.argv[1:])
-        args.markdown.write_text(cr.markdown(rows, manifest, static, command))
-        print(f"wrote {args.markdown}")
-    return 0 if all(r["status"] == "verified" for r in rows) else 1
+            _time_export(r, manifest, args)
+    return _report(rows, manifest, args)
 
 
 def cmd_sample(args) -> int:

@@ -66,3 +66,15 @@ def assert_backend_equals(r: dict, backend: str, rtol: float, atol: float, label
     for name, want in r["want"].items():
         np.testing.assert_allclose(np.asarray(got[name], np.float32), want.astype(np.float32), rtol=rtol,
                                    atol=atol, err_msg=f"{label} {backend} {name}")
+
+
+def assert_verified_without_host_steps(report: dict, target: str) -> None:
+    """An optimize report that verified (the simulator too on a systolic target), with no
+    opaque call and no host step on `target`."""
+    assert report["verification"]["ok"], report["verification"]
+    assert not report["opaque_ops"], report["opaque_ops"]
+    if target == "gpu":
+        assert report["gpu_kernels"]["totals"]["host_steps"] == 0, report["gpu_kernels"]["host_steps"]
+    else:
+        assert report["systolic"]["simulation"]["ok"], report["systolic"]["simulation"]
+        assert not report["systolic"]["host_steps"], report["systolic"]["host_steps"]

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from backend_cases import assert_verified_without_host_steps
 
 import apsat
 
@@ -31,11 +32,4 @@ def test_sample_files_are_small_and_listed():
 @pytest.mark.parametrize("name", MODELS)
 def test_sample_model_verifies(name, target):
     res = apsat.optimize(SAMPLE / f"{name}.onnx", target=target)
-    r = res.report
-    assert r["verification"]["ok"], r["verification"]
-    assert not r["opaque_ops"], r["opaque_ops"]
-    if target == "gpu":
-        assert r["gpu_kernels"]["totals"]["host_steps"] == 0, r["gpu_kernels"]["host_steps"]
-    else:
-        assert r["systolic"]["simulation"]["ok"], r["systolic"]["simulation"]
-        assert not r["systolic"]["host_steps"], r["systolic"]["host_steps"]
+    assert_verified_without_host_steps(res.report, target)

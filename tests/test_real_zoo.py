@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from backend_cases import assert_verified_without_host_steps
 
 import apsat
 from apsat.pipeline.verify import compare
@@ -36,14 +37,7 @@ def test_real_zoo_model_verifies(name, target):
     inputs, _ = stored(name)
     res = apsat.optimize(ZOO / f"{name}.onnx", target=target, inputs=inputs,
                          input_shapes={k: v.shape for k, v in inputs.items()})
-    r = res.report
-    assert r["verification"]["ok"], r["verification"]
-    assert not r["opaque_ops"], r["opaque_ops"]
-    if target == "gpu":
-        assert r["gpu_kernels"]["totals"]["host_steps"] == 0, r["gpu_kernels"]["host_steps"]
-    else:
-        assert r["systolic"]["simulation"]["ok"], r["systolic"]["simulation"]
-        assert not r["systolic"]["host_steps"], r["systolic"]["host_steps"]
+    assert_verified_without_host_steps(res.report, target)
 
 
 def test_symbolic_model_defaults_to_1_and_takes_other_shapes():

@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from apsat.frontend.lowering_tensor import Unlowerable, normalize_axis
+from apsat.frontend.lowering_tensor import Unlowerable, axis_last, normalize_axis
 
 CUMSUM_LIMIT = 1024        # the triangular matrix is n x n floats: 4 MiB at the limit
 EXACT_INDEX = 2 ** 24      # float32 carries every integer below it exactly
@@ -197,9 +197,8 @@ def lower_cumsum(ctx):
     if exclusive:
         counts &= i != j
     r = len(dims)
-    perm = tuple(k for k in range(r) if k != axis) + (axis,)
-    x = b.transpose(ctx.term(0), perm) if axis != r - 1 else ctx.term(0)
+    perm, back = axis_last(r, axis)
+    x = b.transpose(ctx.term(0), perm)
     tri = ctx.add_weight("triangle", counts.astype(np.float32))
     y = b.compute("dot-product", b.make("access-cartesian-product", b.at(x, r - 1), b.at(tri, 1)))
-    back = tuple(int(k) for k in np.argsort(perm))
-    return [b.transpose(y, back) if axis != r - 1 else y]
+    return [b.transpose(y, back)]

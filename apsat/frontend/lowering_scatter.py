@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from apsat.frontend.lowering_gather import EXACT_INDEX
-from apsat.frontend.lowering_tensor import Unlowerable, normalize_axis
+from apsat.frontend.lowering_tensor import Unlowerable, axis_last, normalize_axis
 
 SCATTER_LIMIT = 4096        # run-time indices: at most this many (update, position) pairs a row
 
@@ -83,12 +83,11 @@ def _by_comparison(ctx, dims, idims, axis):
     n, m = dims[axis], idims[axis]
     if n * m > SCATTER_LIMIT:
         raise Unlowerable(f"ScatterElements over {n} positions by {m} run-time indices")
-    b, r = ctx.b, len(dims)
-    perm = tuple(a for a in range(r) if a != axis) + (axis,)
-    back = tuple(int(a) for a in np.argsort(perm))
+    b = ctx.b
+    perm, back = axis_last(len(dims), axis)
 
     def last(t):
-        return b.transpose(t, perm) if axis != r - 1 else t
+        return b.transpose(t, perm)
 
     rows = tuple(dims[a] for a in perm[:-1])
     square = rows + (n, m)                                   # [.., j, r]
@@ -99,4 +98,4 @@ def _by_comparison(ctx, dims, idims, axis):
     value = b.compute("reduce-sum", b.at(b.select(hit, spread, b.literal(0.0)), len(rows) + 1))
     written = b.compute("reduce-sum", b.at(hit, len(rows) + 1))
     out = b.select(written, value, last(ctx.term(0)))
-    return [b.transpose(out, back) if axis != r - 1 else out]
+    return [b.transpose(out, back)]

@@ -26,6 +26,13 @@ def normalize_axis(ctx, axis: int, rank: int, attr: str = "axis") -> int:
     return axis % rank
 
 
+def axis_last(rank: int, axis: int) -> tuple[tuple, tuple]:
+    """(the permutation moving `axis` last, the one moving it back); Builder.transpose skips
+    an identity, so an axis already last costs nothing."""
+    perm = tuple(a for a in range(rank) if a != axis) + (axis,)
+    return perm, tuple(int(a) for a in np.argsort(perm))
+
+
 def axes_from(ctx, attr: str, input_index: int, since: int):
     """Axes from an attribute (opset < since) or a constant input (opset >= since);
     None when absent. A non-constant axes input is Unlowerable."""

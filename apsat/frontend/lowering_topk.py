@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from apsat.frontend.lowering_tensor import Unlowerable, normalize_axis
+from apsat.frontend.lowering_tensor import Unlowerable, axis_last, normalize_axis
 
 TOPK_LIMIT = 512         # n * n comparisons a row: 262,144 values at the limit
 
@@ -27,9 +27,8 @@ def lower_topk(ctx):
         raise Unlowerable(f"TopK over {n} > {TOPK_LIMIT} values")
     if not 1 <= k <= n:
         ctx.fail(f"K = {k} is outside 1..{n}")
-    r = len(dims)
-    perm = tuple(a for a in range(r) if a != axis) + (axis,)
-    x = b.transpose(ctx.term(0), perm) if axis != r - 1 else ctx.term(0)
+    perm, back = axis_last(len(dims), axis)
+    x = b.transpose(ctx.term(0), perm)
     rows = tuple(dims[a] for a in perm[:-1])
     square = rows + (n, n)
     mine = b.expand(b.reshape(x, rows + (n, 1)), square)          # [.., i, j] = x_i
@@ -51,5 +50,4 @@ def lower_topk(ctx):
 
     index = ctx.add_weight("position", np.arange(n, dtype=np.float32))
     outs = [pick(x), pick(b.expand(index, rows + (n,)))]
-    back = tuple(int(a) for a in np.argsort(perm))
-    return [b.transpose(o, back) if axis != r - 1 else o for o in outs]
+    return [b.transpose(o, back) for o in outs]

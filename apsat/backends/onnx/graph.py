@@ -158,6 +158,11 @@ class Builder:
             self._reshaped[out] = (name, tuple(src_dims))
         return out
 
+    def cast_from(self, name: str) -> tuple:
+        """(input, input element type) when `name` is a Cast written with its input's type
+        known, else (None, None)."""
+        return self._cast_from.get(name, (None, None))
+
     def reshaped_from(self, name: str):
         """(input, input dims) when `name` is a Reshape written with its input's dims
         known, else None."""

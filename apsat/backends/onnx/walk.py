@@ -102,7 +102,7 @@ class Walk:
             at = b.const(gather_indices(index.logical_array(), n), "gather_index", np.int64)
         else:
             name = vw.dense_any(b, index)
-            source, elem = b._cast_from.get(name, (None, None))
+            source, elem = b.cast_from(name)
             if elem in INTEGER_TYPES:         # integer ids cast to float: gather by the ids
                 whole = source if elem == TensorProto.INT64 else b.op("Cast", [source], to=TensorProto.INT64)
             else:

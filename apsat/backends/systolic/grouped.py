@@ -150,8 +150,7 @@ def _reordered(L, t, it: tuple, n_item: int, pre: list) -> bool:
     moved into that order (each operand transposed under its broadcast) and the result
     transposed back by one COPY (split_item.lower_expansion). False when some axis varies
     in neither operand."""
-    from apsat.backends.systolic.split_item import lower_expansion
-    from apsat.lang.term import Term
+    from apsat.backends.systolic.split_item import Terms, lower_expansion, shape
 
     varies = [[p == d for p, d in zip(q, it)] for q in pre]
     kind = {}
@@ -161,23 +160,17 @@ def _reordered(L, t, it: tuple, n_item: int, pre: list) -> bool:
         kind[a] = 0 if d == 1 else (1 if varies[0][a] and varies[1][a] else (2 if varies[0][a] else 3))
     order = sorted(range(len(it)), key=lambda a: ((kind[a] or 4), a))
     perm = tuple(order) + tuple(range(len(it), len(it) + n_item))
-    new: list = []
-
-    def mk(op, *args):
-        u = Term(op, args)
-        new.append(u)
-        return u
-
+    made = Terms()
+    mk = made.mk
     operands = []
     for x in t.args[1].args:
         if x.op == "access-broadcast":
             (tit, titem) = x.args[1].args
-            target = Term("access-shape", (tuple(tit[a] for a in order), tuple(titem)))
+            target = shape([tit[a] for a in order], titem)
             operands.append(mk("access-broadcast", mk("access-transpose", x.args[0], perm), target))
         else:
             operands.append(mk("access-transpose", x, perm))
-    product = mk("compute", Term("dot-product", ()), mk("access-pair", *operands))
-    back = tuple(order.index(a) for a in range(len(it)))
-    root = mk("access-transpose", product, back)
-    lower_expansion(L, t, root, new, "pair product's axes reordered")
+    product = made.compute("dot-product", mk("access-pair", *operands))
+    root = mk("access-transpose", product, tuple(order.index(a) for a in range(len(it))))
+    lower_expansion(L, t, root, made.new, "pair product's axes reordered")
     return True
