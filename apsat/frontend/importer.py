@@ -54,26 +54,34 @@ INTEGER_EXACT = frozenset({
 FOLD_MOVES = frozenset({"Gather", "GatherElements", "GatherND"})
 
 
-def load_onnx(source, input_shapes: dict | None = None) -> Model:
+def load_onnx(source, input_shapes: dict | None = None, representatives: dict | None = None) -> Model:
     """Import an ONNX model (a path or a ModelProto). `input_shapes` (name -> dims)
     overrides the declared dims of graph inputs, as onnxsim's --overwrite-input-shape;
-    symbolic dims not fixed so become 1, and `Model.notices` says so."""
+    symbolic dims not fixed so stay symbols (`Model.symbols`), the program built at their
+    representative values (`representatives`, name -> value, else each role's default),
+    and `Model.notices` says so."""
     start = time.perf_counter()
     proto, path = read_model(source)
     label = str(path) if path else ""
     check_strings(proto, label)
     check_structure(proto, label)
     check_declarations(proto, label)
-    inputs, notices = true_inputs(proto, input_shapes or {}, label)
+    inputs, notices, symbols, signature = true_inputs(proto, input_shapes or {}, label, representatives)
     for name, dims in inputs.items():         # before anything is allocated for them
         check_dims(label, f"input {name!r}", dims)
     skeleton = model_skeleton(proto, inputs)
     info, complaint = infer_and_check(skeleton, label)
     importer = Importer(proto, inputs, info, label)
+    values = [s.value for s in symbols.values()]
+    importer.symbol_sizes = set(values) | {a * b for a in values for b in values}
     try:
         program = importer.run()
-    except ModelError:
-        raise                          # names the node: more specific than the checker
+    except ModelError as e:            # names the node: more specific than the checker
+        if symbols:                    # the size the symbols were built at may be the cause
+            sizes = ", ".join(f"{s.name}={s.value}" for s in symbols.values())
+            raise ModelError(f"{e} (symbolic dims built at {sizes}; --representative NAME=V "
+                             "chooses others)") from None
+        raise
     except Exception as e:             # a model the checker refused can trip the walk anywhere
         if complaint:
             raise ModelError(complaint) from None
@@ -84,7 +92,8 @@ def load_onnx(source, input_shapes: dict | None = None) -> Model:
     types = input_types(proto)
     return Model(program=program, inputs=inputs, weights=importer.weights, onnx=proto,
                  path=path, import_seconds=time.perf_counter() - start,
-                 input_types={n: types[n] for n in inputs}, notices=notices)
+                 input_types={n: types[n] for n in inputs}, notices=notices,
+                 symbols=symbols, signature=signature, generated=importer.generated)
 
 
 def _tensor_array(init) -> np.ndarray:
@@ -112,6 +121,11 @@ class Importer:
         self._const_terms: dict[str, Term] = {}
         self.inputs = inputs
         self.live, self.used = self._liveness()
+        # sizes that stand for symbolic dims (their representative values and products):
+        # a value of such a size computed from constants is not folded unless uniform
+        self.symbol_sizes: set[int] = set()
+        self._ranges: dict[str, tuple[float, float]] = {}   # Range outputs of symbolic length
+        self.generated: dict[str, tuple[float, float]] = {}  # weight name -> (start, delta)
 
     def _liveness(self):
         """Indices of nodes some graph output depends on, and every name they read."""
@@ -144,7 +158,7 @@ class Importer:
         outputs = {o.name: self.term(o.name) for o in self.graph.output}
         try:
             return Program(outputs, dict(self.tensor_shapes), self.opaque_nodes,
-                           weights=frozenset(self.weights))
+                           weights=frozenset(self.weights) - set(self.generated))
         except ShapeError as e:       # an importer bug, but never a bare traceback
             raise ModelError(f"{file_prefix(self.label)}imported program is ill-shaped: {e}") from None
 
@@ -174,6 +188,8 @@ class Importer:
                 t = self.b.reshape(t, arr.shape) if arr.shape != () else t
             else:
                 t = self.add_weight(name, arr)
+                if name in self._ranges:     # computed at run time at every size
+                    self.generated[t.args[0]] = self._ranges[name]
             self._const_terms[name] = t
         return self._const_terms[name]
 
@@ -211,7 +227,9 @@ class Importer:
         all_const = all(v is None or isinstance(v, Const) for v in ins)
         fn = LOWERINGS.get(node.op_type) if default else None
         if all_const and self._should_fold(fn, ins, node.op_type):
-            return self._fold(idx, node, ins)
+            self._fold(idx, node, ins)
+            if not self._varies_with_symbols(node, fn is not None):
+                return
         self._complete_info(node, ins)
         if self._empty_outputs(node):       # known empty only now, from the node's own inference
             return
@@ -344,6 +362,25 @@ class Importer:
         for name, arr in zip(node.output, outs):
             if name:
                 self.env[name] = Const(arr)
+
+    def _varies_with_symbols(self, node, lowers: bool) -> bool:
+        """Whether a folded output has a size that stands for a symbolic dim and more than
+        one value (positions sliced to the sequence length, a causal mask): such a value is
+        computed in the program instead, where its size follows the symbol; a uniform one
+        (a ConstantOfShape fill) stays folded, as one value repeated."""
+        if node.op_type == "Range" and self.symbol_sizes & set(np.shape(self.env[node.output[0]].value)):
+            start, _, delta = (float(np.asarray(self.env[n].value).reshape(-1)[0]) for n in node.input)
+            self._ranges[node.output[0]] = (start, delta)
+            return False
+        for name in node.output:
+            v = self.env.get(name) if name else None
+            if isinstance(v, Const) and self.symbol_sizes & set(np.shape(v.value)):
+                flat = np.asarray(v.value).ravel()
+                if lowers and flat.size and not np.all(flat == flat[0]):
+                    for out in node.output:
+                        self.env.pop(out, None)
+                    return True
+        return False
 
     def _opaque(self, idx: int, node, ins):
         """One `opaque` term per used output; onnxruntime runs the node alone."""

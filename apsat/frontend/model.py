@@ -24,7 +24,11 @@ class Model:
     broadcast views for ConstantOfShape fills); `onnx` is the ModelProto as loaded;
     `input_types` gives each input's ONNX element type (the program reads every value as
     float32: integers and booleans are carried exactly up to 2**24); `notices` are what
-    the import decided for the user (a symbolic dim set to 1), one line each."""
+    the import decided for the user (a symbolic dim kept symbolic), one line each;
+    `symbols` the symbolic dims (name -> apsat.frontend.symbols.Symbol, the program built
+    at their values) and `signature` each input's declared dims (ints and symbol names);
+    `generated` the weights that are a Range of symbolic length (name -> (start, delta)),
+    which a program at another size computes afresh."""
 
     program: Program
     inputs: dict[str, tuple[int, ...]]
@@ -34,6 +38,9 @@ class Model:
     import_seconds: float = 0.0
     input_types: dict[str, int] = field(default_factory=dict)
     notices: list[str] = field(default_factory=list)
+    symbols: dict = field(default_factory=dict)
+    signature: dict = field(default_factory=dict)
+    generated: dict = field(default_factory=dict)
 
     def run(self, inputs: dict) -> dict[str, np.ndarray]:
         """Evaluate the program with the reference interpreter: {output name: array of

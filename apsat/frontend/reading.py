@@ -87,12 +87,17 @@ def check_structure(proto, label: str):
             raise ModelError(f"{file_prefix(label)}graph output {out.name!r} is produced by no node")
 
 
-def true_inputs(proto, overrides: dict, label: str) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+def true_inputs(proto, overrides: dict, label: str, representatives: dict | None = None):
     """Graph inputs without an initializer (old-style models list weights as inputs),
-    with static dims, and the notices to show the user. `overrides` (name -> dims) replaces
-    an input's dims, as onnxsim's --overwrite-input-shape does; a symbolic dim left
-    (`N`, `batch_size`) takes the value an override gave the same name on another input,
-    else 1, with a notice. An unknown dim (no name) or a missing shape is an error."""
+    with static dims; returns (name -> dims, notices, symbols, signature). `overrides`
+    (name -> dims) replaces an input's dims, as onnxsim's --overwrite-input-shape does; a
+    symbolic dim left (`N`, `batch_size`) takes the value an override gave the same name
+    on another input, else stays a symbol (apsat.frontend.symbols: name -> Symbol) built at
+    its representative value (`representatives`, name -> value, or the role's default),
+    with a notice. `signature` gives each input's dims as ints and symbol names. An
+    unknown dim (no name) or a missing shape is an error."""
+    from apsat.frontend.symbols import choose, fixed_dims
+
     inits = {i.name for i in proto.graph.initializer}
     declared = [vi for vi in proto.graph.input if vi.name not in inits]
     unknown = set(overrides) - {vi.name for vi in declared}
@@ -100,30 +105,35 @@ def true_inputs(proto, overrides: dict, label: str) -> tuple[dict[str, tuple[int
         raise ModelError(f"{file_prefix(label)}input_shapes names {sorted(unknown)}, "
                          f"which are not graph inputs (inputs: {sorted(vi.name for vi in declared)})")
     bound = _bound_dim_params(declared, overrides, label)
-    out, notices = {}, []
-    for vi in declared:
-        if vi.name in overrides:
-            out[vi.name] = tuple(int(d) for d in overrides[vi.name])
-            continue
-        t = vi.type.tensor_type
-        if not t.HasField("shape"):
-            raise ModelError(f"{file_prefix(label)}input {vi.name!r} has no shape; give it one "
-                             f"(--input-shape {vi.name}=D0,D1,... or input_shapes=)")
-        dims = []
-        for axis, d in enumerate(t.shape.dim):
-            if d.HasField("dim_value") and d.dim_value > 0:
-                dims.append(int(d.dim_value))
-            elif d.dim_param:
-                value = bound.setdefault(d.dim_param, 1)
-                if value == 1:
-                    notices.append(f"input {vi.name!r} axis {axis}: symbolic dim {d.dim_param!r} set to 1 "
-                                   f"(--input-shape {vi.name}=... to choose)")
-                dims.append(value)
-            else:
-                raise ModelError(f"{file_prefix(label)}input {vi.name!r} has an unknown dim at axis {axis}; "
-                                 f"give its shape (--input-shape {vi.name}=D0,D1,... or input_shapes=)")
-        out[vi.name] = tuple(dims)
-    return out, notices
+    signature = {vi.name: _declared_dims(vi, overrides, bound, label) for vi in declared}
+    names = list(dict.fromkeys(d for dims in signature.values() for d in dims if isinstance(d, str)))
+    symbols = choose(names, fixed_dims(proto), representatives or {}, file_prefix(label))
+    out = {name: tuple(symbols[d].value if isinstance(d, str) else d for d in dims)
+           for name, dims in signature.items()}
+    notices = [f"symbolic dim {s.name!r} kept symbolic; the program is built at {s.value} "
+               f"(--representative {s.name}=V to choose, --input-shape to fix it)"
+               for s in symbols.values()]
+    return out, notices, symbols, signature
+
+
+def _declared_dims(vi, overrides: dict, bound: dict, label: str) -> tuple:
+    """An input's dims: ints, and the names of symbolic dims no override fixed."""
+    if vi.name in overrides:
+        return tuple(int(d) for d in overrides[vi.name])
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        raise ModelError(f"{file_prefix(label)}input {vi.name!r} has no shape; give it one "
+                         f"(--input-shape {vi.name}=D0,D1,... or input_shapes=)")
+    dims = []
+    for axis, d in enumerate(t.shape.dim):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            dims.append(int(d.dim_value))
+        elif d.dim_param:
+            dims.append(bound.get(d.dim_param, d.dim_param))
+        else:
+            raise ModelError(f"{file_prefix(label)}input {vi.name!r} has an unknown dim at axis {axis}; "
+                             f"give its shape (--input-shape {vi.name}=D0,D1,... or input_shapes=)")
+    return tuple(dims)
 
 
 def _bound_dim_params(declared, overrides: dict, label: str) -> dict[str, int]:

@@ -28,6 +28,7 @@ class OptimizeResult:
     lowered: object = None
     backend: object = None
     backend_outputs: dict | None = None
+    general: object = None             # apsat.pipeline.generalise.General: symbolic dims kept
 
     @property
     def stream(self):
@@ -50,8 +51,9 @@ class OptimizeResult:
 
     def to_onnx(self, path=None):
         """The program as an ONNX model (apsat.backends.onnx.export_onnx) with the
-        original's input and output names and types, its metadata naming the apsat
-        version, target, rules and extractor; saved to `path` when given. ExportError (an
+        original's input and output names and types (and symbolic dims, where the program
+        holds for every size: report["dynamic"]), its metadata naming the apsat version,
+        target, rules and extractor; saved to `path` when given. ExportError (an
         ApsatError, one line) for a program ONNX cannot express (a systolic-array atom)."""
         from apsat.backends.onnx import export_onnx
 
@@ -60,7 +62,12 @@ class OptimizeResult:
                 "apsat_rules": ",".join(map(str, r.get("rules") or [])) or "default plan",
                 "apsat_extractor": (r.get("extraction") or {}).get("method", ""),
                 "apsat_input_dims": json.dumps({n: list(d) for n, d in self.model.inputs.items()})}
-        proto = export_onnx(self.program, self.model, meta)
+        if self.general is not None:
+            from apsat.pipeline.dynamic import export_general
+
+            proto = export_general(self.model, self.general, lambda p, m, v: export_onnx(p, m, meta, v))
+        else:
+            proto = export_onnx(self.program, self.model, meta)
         if path is not None:
             import onnx
 
@@ -124,7 +131,8 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
              node_limit: int | None = None, time_limit: float | None = None, progress=None,
              regions: bool | None = None, lowering: dict | None = None,
              verify_backend: bool | None = None, input_shapes: dict | None = None,
-             inputs=None, memory_limit: float | None = None, check_rules: bool = True) -> OptimizeResult:
+             inputs=None, memory_limit: float | None = None, check_rules: bool = True,
+             representatives: dict | None = None) -> OptimizeResult:
     """Optimise an ONNX model (a path, a ModelProto or a loaded Model) for `target`:
     import, saturate, extract, lower with the target's backend, verify.
 
@@ -153,8 +161,11 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
     lowering: the backend's options; systolic targets: im2col, fold_copies, fuse_zips
         (see apsat.backends.systolic.lower); None follows the cost model. ApsatError for
         another target or an unknown option.
-    input_shapes: name -> dims for the model's inputs (symbolic dims otherwise become 1;
-        the report's "notices" say so), as apsat.load_onnx takes them.
+    input_shapes: name -> dims for the model's inputs, as apsat.load_onnx takes them;
+        symbolic dims not fixed so stay symbolic: the program is built at representative
+        values (`representatives`, symbol name -> value, else each role's default), then
+        generalised and checked at other sizes (report["dynamic"], apsat.pipeline.dynamic)
+        so that to_onnx keeps the symbolic dims.
     inputs: what verification runs on instead of seeded random inputs: name -> array, or
         the path of an .npz with one array per input (apsat.pipeline.inputs.load_inputs).
 
@@ -168,7 +179,7 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
               "memory_limit": memory_limit}
     try:
         return _optimize(model, target, rules, extractor, verify, seed, phases, regions, lowering,
-                         verify_backend, input_shapes, inputs, check_rules, limits)
+                         verify_backend, (input_shapes, representatives), inputs, check_rules, limits)
     except BaseException as exc:
         if isinstance(exc, InternalError) or not is_internal(exc):
             raise
@@ -190,7 +201,7 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
         raise ApsatError(f"lowering options apply to systolic targets, not {target!r}")
     backend.check_options(lowering or {})
     seconds: dict[str, float] = {"setup": time.perf_counter() - start}
-    m, eg, handles, loaded = _load(model, target, tell, seconds, input_shapes)
+    m, eg, handles, loaded = _load(model, target, tell, seconds, *input_shapes)
     given = _given_inputs(inputs, m)
     saturation = _saturate(eg, m, rules, regions, tell, seconds, **limits)
     rule_check = _check_rules(eg, m, check_rules, given, seed, tell, seconds) if rules else None
@@ -202,7 +213,13 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
     outputs = None
     if verify:
         outputs = _verify(m, program, backend, lowered, report, given, seed, tell, seconds, verify_backend)
-    return OptimizeResult(program, m, report, lowered, backend, outputs)
+    general = None
+    if m.symbols:
+        from apsat.pipeline.dynamic import dynamic_report
+
+        general, report["dynamic"] = _timed("sizes", tell, seconds, dynamic_report, m, program, seed,
+                                            verify and given is None)
+    return OptimizeResult(program, m, report, lowered, backend, outputs, general)
 
 
 def _timed(phase: str, tell, seconds: dict, fn, *args):
@@ -225,7 +242,7 @@ def _given_inputs(inputs, m) -> dict | None:
     return check_inputs(dict(inputs), m, "inputs")
 
 
-def _load(model, target, tell, seconds, input_shapes=None):
+def _load(model, target, tell, seconds, input_shapes=None, representatives=None):
     """Import the model and load it into a fresh e-graph; returns (model, e-graph, output
     handles, (nodes, classes, cost of the imported program))."""
     # "import" starts before these imports (egglog's bindings, the frontend: ~0.2 s in a
@@ -236,7 +253,7 @@ def _load(model, target, tell, seconds, input_shapes=None):
     from apsat.extract import extract
     from apsat.frontend.importer import load_onnx
 
-    m = model if hasattr(model, "program") else load_onnx(model, input_shapes)
+    m = model if hasattr(model, "program") else load_onnx(model, input_shapes, representatives)
     seconds["import"] = time.perf_counter() - t
     tell("e-graph")
     t = time.perf_counter()

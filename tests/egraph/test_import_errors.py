@@ -183,11 +183,19 @@ def _dynamic_model():
                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])])
 
 
-def test_symbolic_input_dim_becomes_1_with_a_notice():
+def test_symbolic_input_dim_stays_a_symbol_built_at_a_representative_value():
+    """Never silently 1: batch is built at its role's prime (5: 3 is a fixed dim here)."""
     model = load_onnx(_dynamic_model())
-    assert model.inputs == {"x": (1, 3)}
+    assert model.inputs == {"x": (5, 3)} and model.signature == {"x": ("batch", 3)}
+    assert model.symbols["batch"].role == "batch" and model.symbols["batch"].checks == (5, 1, 4)
     (notice,) = model.notices
-    assert "input 'x'" in notice and "symbolic dim 'batch'" in notice and "--input-shape" in notice
+    assert "symbolic dim 'batch' kept symbolic" in notice and "--representative" in notice
+
+
+def test_representative_value_is_the_users_and_unknown_names_are_refused():
+    assert load_onnx(_dynamic_model(), representatives={"batch": 8}).inputs == {"x": (8, 3)}
+    with pytest.raises(ModelError, match=r"representative values name \['seq'\]"):
+        load_onnx(_dynamic_model(), representatives={"seq": 8})
 
 
 def test_symbolic_dim_shared_by_inputs_takes_the_given_value():

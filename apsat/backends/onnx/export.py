@@ -28,19 +28,21 @@ CONTRIB = "com.microsoft"
 IR_VERSION = 10
 
 
-def export_onnx(program, model, metadata: dict | None = None) -> onnx.ModelProto:
+def export_onnx(program, model, metadata: dict | None = None, varying=frozenset()) -> onnx.ModelProto:
     """The ONNX model of `program` (an extracted Program) for the loaded `model`
     (apsat.load_onnx's Model: its weights and original ModelProto). `metadata` becomes
-    the model's metadata_props. ExportError (one line) when the program has a term ONNX
-    cannot express."""
+    the model's metadata_props. `varying`: terms whose shapes follow symbolic dims, which
+    are computed by nodes even where they read only weights (apsat.backends.onnx.dynamic
+    makes such an export general). ExportError (one line) when the program has a term
+    ONNX cannot express."""
     _refuse_hardware(program)
     b = Builder()
     src = model.onnx.graph
     types = {v.name: v.type.tensor_type.elem_type for v in list(src.input) + list(src.output)}
-    consts = fold_weights(program, model.weights)
-    leaves = _Leaves(b, program, types)
-    walk = Walk(b, program, consts, leaves.value)
-    folded = weight_only_terms(program)
+    consts = fold_weights(program, model.weights, varying)
+    leaves = _Leaves(b, program, types, model.weights)
+    walk = Walk(b, program, consts, leaves.value, varying)
+    folded = weight_only_terms(program, varying)
     walk.run([t for t in program.terms() if t not in folded])
     outputs = []
     for name, term in program.outputs.items():
@@ -97,8 +99,8 @@ def _output(b: Builder, name: str, value: str, elem: int, dims) -> onnx.ValueInf
 class _Leaves:
     """Graph inputs and opaque calls: the walk's leaves."""
 
-    def __init__(self, b: Builder, program, types: dict):
-        self.b, self.p, self.types = b, program, types
+    def __init__(self, b: Builder, program, types: dict, weights: dict):
+        self.b, self.p, self.types, self.weights = b, program, types, weights
         self.used: list[str] = []
         self._float: dict[str, str] = {}
 
@@ -114,6 +116,9 @@ class _Leaves:
     def value(self, t, kids: list):
         if t.op == "access-tensor":
             name = t.args[0]
+            if name not in self.types and name not in self.p.weights:   # computed per size (a Range)
+                return tensor_val(self.b.const(np.asarray(self.weights[name], np.float32), "generated"),
+                                  self.p.tensor_shapes[name])
             self._use(name)
             return tensor_val(self._as_float(name), self.p.tensor_shapes[name])
         return self._opaque(t, kids)

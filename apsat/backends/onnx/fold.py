@@ -16,22 +16,23 @@ from apsat.lang.program import Program
 from apsat.lang.term import Term
 
 
-def weight_only_terms(program: Program) -> set[Term]:
-    """The terms that read weights and literals only (no input, no opaque call)."""
+def weight_only_terms(program: Program, varying=frozenset()) -> set[Term]:
+    """The terms that read weights and literals only (no input, no opaque call), those of
+    `varying` aside: their shapes follow symbolic dims, so a constant cannot stand for them."""
     known: set[Term] = set()
     for t in program.terms():
         if t.op == "access-tensor":
             if t.args[0] in program.weights:
                 known.add(t)
-        elif t.op != "opaque" and all(c in known for c in t.children()):
+        elif t.op != "opaque" and t not in varying and all(c in known for c in t.children()):
             known.add(t)
     return known
 
 
-def fold_weights(program: Program, weights: dict) -> dict[Term, object]:
+def fold_weights(program: Program, weights: dict, varying=frozenset()) -> dict[Term, object]:
     """Term -> constant Val for each weight-only term some other term (or an output)
     reads; evaluated in one pass of the reference interpreter."""
-    known = weight_only_terms(program)
+    known = weight_only_terms(program, varying)
     frontier = {t for t in program.outputs.values() if t in known}
     for t in program.terms():
         if t not in known:

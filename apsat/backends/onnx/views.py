@@ -291,24 +291,32 @@ def pad_node(b: Builder, p: Padded) -> str:
 
 
 def gather_windows(b: Builder, w: Windows) -> str:
-    """Windows read element by element: Gather on the flattened source with the windows'
-    indices (computed here with numpy's own sliding windows)."""
+    """Windows read element by element: Gather on the source with its item dims flattened,
+    by the windows' indices within one item (numpy's own sliding windows), so the index
+    does not grow with (or fix) the iterated dims, a batch among them."""
     from apsat.lang.evaluate import _windows_view
 
     n = math.prod(w.shape)
     if n > GATHER_LIMIT:
         raise ExportError(f"sliding windows of {n} elements that no Conv or pool reads "
                           f"cannot be written as ONNX (more than {GATHER_LIMIT} gathered elements)")
-    src_shape = w.src.shape
-    index = np.arange(math.prod(src_shape), dtype=np.int64).reshape(src_shape)
-    view = _windows_view(index, w.n_iter, w.window, w.strides, w.dilations)
+    it, item = w.src.shape[:w.n_iter], w.src.shape[w.n_iter:]
+    index = _windows_view(np.arange(math.prod(item), dtype=np.int64).reshape(item), 0,
+                          w.window, w.strides, w.dilations)
     k = w.n_iter + len(w.window)
     names = [("i", i) for i in range(w.n_iter)] + [("o", j) for j in range(len(w.window))] \
         + [("w", j) for j in range(len(w.window))]
     picked = [names.index(a) if a != ("u",) else None for a in w.axes]
     order = [p for p in picked if p is not None]
-    sizes = [view.shape[p] if p is not None else 1 for p in picked]
-    view = np.transpose(view, order + [i for i in range(k) if i not in order]).reshape(sizes)
-    index = np.ascontiguousarray(np.broadcast_to(view, w.shape))
-    flat = b.reshape(dense_any(b, w.src), [-1])
-    return b.op("Gather", [flat, b.const(index, "window_index", np.int64)], axis=0)
+    order = order + [i for i in range(k) if i not in order]
+    gathered_shape = tuple(it) + index.shape
+    sizes = [gathered_shape[p] if p is not None else 1 for p in picked]
+    flat = b.reshape(dense_any(b, w.src), list(it) + [-1])
+    out = b.op("Gather", [flat, b.const(np.ascontiguousarray(index), "window_index", np.int64)], axis=w.n_iter)
+    if order != list(range(k)):
+        out = b.op("Transpose", [out], perm=order)
+    if tuple(sizes) != tuple(gathered_shape[p] for p in order):
+        out = b.op("Reshape", [out, b.ints(sizes)])
+    if tuple(sizes) != tuple(w.shape):
+        out = b.op("Expand", [out, b.ints(list(w.shape))])
+    return out

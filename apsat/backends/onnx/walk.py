@@ -13,7 +13,7 @@ from onnx import TensorProto
 from apsat.backends.onnx import views as vw
 from apsat.backends.onnx.compute import elementwise, operands, over_item, reduce, REDUCE_OPS
 from apsat.backends.onnx.contract import conv, matmul
-from apsat.backends.onnx.graph import INTEGER_TYPES, Builder, Val
+from apsat.backends.onnx.graph import INTEGER_TYPES, Builder, Val, dense, tensor_val
 from apsat.backends.onnx.pool import attention, pool
 from apsat.lang.semantics import gather_indices
 from apsat.lang.ops import COMPUTE_OPS, NARY_OPS, chain_parts, is_elementwise_op
@@ -23,8 +23,8 @@ from apsat.lang.term import Term
 class Walk:
     """Term -> Val for one program; `leaf(term)` gives inputs and opaque calls."""
 
-    def __init__(self, b: Builder, program, consts: dict, leaf):
-        self.b, self.p, self.leaf = b, program, leaf
+    def __init__(self, b: Builder, program, consts: dict, leaf, varying=frozenset()):
+        self.b, self.p, self.leaf, self.varying = b, program, leaf, varying
         self.vals: dict[Term, object] = dict(consts)
 
     def run(self, terms) -> None:
@@ -43,6 +43,9 @@ class Walk:
         op, args, shape = t.op, t.args, self.shape(t)
         kids = [self.vals[c] for c in t.children()]
         b = self.b
+        if t in self.varying:          # a shape that follows a symbol: nodes, not a constant
+            kids = [tensor_val(dense(b, k), k.shape) if isinstance(k, Val) and k.is_const else k
+                    for k in kids]
         if op in ("access-tensor", "opaque"):
             return self.leaf(t, kids)
         if op == "access":

@@ -1,0 +1,142 @@
+"""Symbolic dims of a model's inputs: which they are, and the representative value of each.
+
+A dim declared by name (`batch_size`, `sequence_length`) that the user does not fix with
+`input_shapes=` / `--input-shape` stays a symbol: the program is built, saturated and
+priced at one representative value per symbol, and apsat.pipeline.generalise then finds
+what every size in the chosen program is as a polynomial in the symbols, so that the
+export keeps the model's signature.
+
+The representative of a symbol is, unless the user names one (`--representative seq=64`),
+a prime near a default for its role (batch 3, sequence 127, a past length 61, any other
+31), moved on to the next prime while it equals a fixed dim of the model or another
+symbol's value. Why primes that the model never uses: a rule that needs a size to divide
+by a tile can then never fire on a symbolic dim (so what is extracted holds for every
+value), and each size in the chosen program shows which symbols it came from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from apsat.errors import ModelError
+
+ROLE_DEFAULTS = {"batch": 3, "sequence": 127, "past": 61, "other": 31}
+# the sizes optimize verifies at besides the representative: one is never a multiple of a tile
+ROLE_CHECKS = {"batch": (1, 4), "sequence": (5, 40), "past": (1, 9), "other": (5, 40)}
+_ROLE_WORDS = (("past", ("past", "cache", "total", "kv_len")),
+               ("batch", ("batch", "bs")),
+               ("sequence", ("seq", "length", "len", "token", "time", "frame", "step", "sentence")))
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """One symbolic dim: its name, role, the value the program is built at, whether the
+    user chose it, and the other sizes verification checks."""
+
+    name: str
+    role: str
+    value: int
+    chosen: bool
+    checks: tuple[int, ...]
+
+    def describe(self) -> str:
+        how = "given" if self.chosen else f"default for a {self.role} dim"
+        return f"{self.name}={self.value} ({how})"
+
+
+def role_of(name: str) -> str:
+    """A symbol's role from its name: `N`, `B`, `batch_size` -> batch; `seq_len` ->
+    sequence; `past_sequence_length` -> past; else other."""
+    low = name.lower()
+    if low in ("n", "b"):
+        return "batch"
+    for role, words in _ROLE_WORDS:
+        if any(w in low for w in words):
+            return role
+    return "other"
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % p for p in range(2, int(n ** 0.5) + 1))
+
+
+def _next_prime(n: int) -> int:
+    while not _is_prime(n):
+        n += 1
+    return n
+
+
+def choose(names: list[str], fixed_dims: set[int], given: dict[str, int], label: str) -> dict[str, Symbol]:
+    """Name -> Symbol for the symbolic dims `names` (in order of first use), avoiding the
+    model's `fixed_dims`; `given` is the user's representative values (name -> value)."""
+    unknown = set(given) - set(names)
+    if unknown:
+        raise ModelError(f"{label}representative values name {sorted(unknown)}, which are not symbolic "
+                         f"dims of the inputs (symbolic dims: {sorted(names) or 'none'})")
+    out: dict[str, Symbol] = {}
+    used = set(fixed_dims)
+    for name in names:
+        role = role_of(name)
+        if name in given:
+            value = int(given[name])
+            if value <= 0:
+                raise ModelError(f"{label}representative value for {name!r} must be positive, not {value}")
+        else:
+            value = _next_prime(ROLE_DEFAULTS[role])
+            while value in used:
+                value = _next_prime(value + 1)
+        used.add(value)
+        checks = tuple(c for c in ROLE_CHECKS[role] if c != value)
+        out[name] = Symbol(name, role, value, name in given, (value,) + checks)
+    return out
+
+
+def fixed_dims(proto) -> set[int]:
+    """Every fixed size the model declares: its initializers', inputs', outputs' and value
+    infos' static dims, and the values of small int64 tensors (Reshape targets, Slice
+    bounds), size 0 and 1 aside."""
+    g = proto.graph
+    dims = {int(d) for init in g.initializer for d in init.dims}
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            dims.update(int(d.dim_value) for d in t.shape.dim if d.HasField("dim_value"))
+    for init in g.initializer:          # shape-like integer tensors: Reshape targets, Slice ends
+        if init.data_type == onnx.TensorProto.INT64 and 0 < _elements(init) <= 16:
+            dims.update(abs(int(v)) for v in numpy_helper.to_array(init).ravel())
+    for node in g.node:                 # and whole numbers among small constants (a scale of 8.0)
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and 0 < _elements(a.t) <= 16:
+                    values = numpy_helper.to_array(a.t).ravel()
+                    if values.dtype.kind in "iuf":
+                        dims.update(abs(int(v)) for v in values if np.isfinite(v) and float(v).is_integer())
+    return dims - {0, 1}
+
+
+def _elements(t) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n
+
+
+def probe_values(symbols: dict[str, Symbol], fixed: set[int]) -> dict[str, tuple[int, int, int]]:
+    """Name -> (representative, second, third value): the sizes an export is made at to
+    find how its sizes follow the symbols; primes distinct from each other and from the
+    model's fixed dims, as the representatives are."""
+    used = set(fixed) | {s.value for s in symbols.values()}
+    out = {}
+    for name, s in symbols.items():
+        picked = []
+        value = s.value
+        while len(picked) < 2:
+            value = _next_prime(value + 1)
+            if value not in used:
+                picked.append(value)
+                used.add(value)
+        out[name] = (s.value, picked[0], picked[1])
+    return out

@@ -1,0 +1,87 @@
+"""A model with symbolic dims in optimize: the general program, checks at several sizes, the
+export that keeps the signature.
+
+optimize builds the program at representative values (apsat.frontend.symbols). Here:
+`dynamic_report` generalises the chosen program (apsat.pipeline.generalise) and checks it
+at the other sizes of each symbol (the role's checks, one symbol moved at a time), each
+against onnxruntime on the original at that size, as the representative size is checked;
+`export_general` writes the ONNX export with the original's symbolic dims
+(apsat.backends.onnx.dynamic). A size the original itself does not run at (a sequence
+longer than its position table) is listed as skipped, with onnxruntime's reason.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from apsat.errors import ApsatError, ShapeError
+from apsat.lang.dims import NotGeneral
+
+
+def sizes_to_check(symbols: dict) -> list[dict[str, int]]:
+    """The representative values, then each symbol's other checks with the rest at theirs."""
+    rep = {n: s.value for n, s in symbols.items()}
+    out = [rep]
+    for name, s in symbols.items():
+        out.extend({**rep, name: v} for v in s.checks if v != s.value)
+    return out
+
+
+def model_at(model, general, values: dict):
+    """(the model (a copy) with the general program, weights and inputs at `values`, the
+    program, the terms whose shapes follow the symbols)."""
+    program, weights, inputs, varying = general.at(values, model.weights)
+    return dataclasses.replace(model, program=program, weights=weights, inputs=inputs), program, varying
+
+
+def dynamic_report(model, program, seed: int, verify: bool):
+    """(General or None, the report's "dynamic" entry)."""
+    from apsat.pipeline.generalise import generalise
+
+    report = {"symbols": {n: dataclasses.asdict(s) for n, s in model.symbols.items()},
+              "systolic": "an instruction stream is static: compiled for the representative sizes",
+              "gpu_kernels": "written for the representative sizes"}
+    try:
+        general = generalise(program, model)
+    except NotGeneral as e:
+        report.update(general=False, why=str(e))
+        return None, report
+    report["general"] = True
+    if verify:
+        report["checks"] = [_check(model, general, values, seed) for values in sizes_to_check(model.symbols)[1:]]
+    return general, report
+
+
+def _check(model, general, values: dict, seed: int) -> dict:
+    """One size: the general program against onnxruntime on the original."""
+    from apsat.pipeline.verify import run_oracle, verify_program
+    from apsat.pipeline.zoo import random_inputs
+
+    entry = {"sizes": values}
+    try:
+        m, program, _ = model_at(model, general, values)
+    except ShapeError as e:
+        entry["skipped"] = f"the program does not hold at these sizes: {e}"
+        return entry
+    inputs = random_inputs(m, seed)
+    try:
+        oracle = run_oracle(m.onnx, inputs)
+    except ApsatError as e:
+        entry["skipped"] = f"the original does not run at these sizes: {e}"
+        return entry
+    entry.update(verify_program(m, program, inputs, oracle=oracle).to_dict())
+    return entry
+
+
+def export_general(model, general, export) -> object:
+    """The ONNX export with the original's symbolic dims: `export(program, model, varying)`
+    at the corners of the symbols' values (apsat.backends.onnx.dynamic)."""
+    from apsat.backends.onnx.dynamic import dynamic_export
+    from apsat.frontend.symbols import fixed_dims, probe_values
+
+    values = probe_values(model.symbols, fixed_dims(model.onnx))
+
+    def export_at(vals):
+        m, program, varying = model_at(model, general, vals)
+        return export(program, m, varying)
+
+    return dynamic_export(export_at, values, model.signature)
