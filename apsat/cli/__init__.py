@@ -65,10 +65,8 @@ def _lowering(text: str) -> dict:
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     """--input-shape NAME=D0,D1,... (argparse type), as onnxsim's --overwrite-input-shape."""
     name, sep, dims = text.rpartition("=")
-    try:
-        values = tuple(int(d) for d in dims.split(","))
-    except ValueError:
-        values = ()
+    parts = dims.split(",")
+    values = tuple(int(d) for d in parts) if all(d.strip().lstrip("+-").isdigit() for d in parts) else ()
     if not sep or not name or not values or any(d <= 0 for d in values):
         raise argparse.ArgumentTypeError(f"{text!r}: use NAME=D0,D1,... with positive dims, "
                                          f"e.g. input=1,3,224,224")
@@ -110,7 +108,8 @@ def optimize_keywords(args, optimize) -> dict:
     take a limit the user gave."""
     rules = list(args.rules or []) + [Path(p) for p in args.rule_file or []]
     kw = {"target": args.target, "rules": rules or None, "extractor": args.extractor,
-          "verify": args.verify, "seed": args.seed, "regions": args.regions, "lowering": args.lowering}
+          "verify": args.verify, "seed": args.seed, "regions": args.regions, "lowering": args.lowering,
+          "representatives": {k: v[0] if len(v) == 1 else v for k, v in args.representative or []} or None}
     kw.update({k: getattr(args, k) for k in LIMIT_KEYWORDS if getattr(args, k, None) is not None})
     takes = inspect.signature(optimize).parameters
     missing = [k for k in LIMIT_KEYWORDS if k in kw and k not in takes]
@@ -305,8 +304,9 @@ def common_options(p) -> None:
                    help="saturate region by region, identical regions once (default: for "
                         "programs of more than 10,000 terms whose regions mostly repeat)")
     p.add_argument("--input-shape", type=_input_shape, action="append", metavar="NAME=D0,D1,...",
-                   help="fix an input's dims (repeatable), as onnxsim's --overwrite-input-shape; "
-                        "symbolic dims not fixed become 1, with a notice")
+                   help="fix an input's dims (repeatable), as onnxsim's --overwrite-input-shape")
+    p.add_argument("--representative", type=_input_shape, action="append", metavar="SYMBOL=V",
+                   help="build a symbolic dim at V (repeatable); the export keeps it symbolic")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="skip the comparison with onnxruntime (default: verify; exit 1 on a mismatch)")
     p.add_argument("--compile", dest="compile_kernels", action=argparse.BooleanOptionalAction, default=False,

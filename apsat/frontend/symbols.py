@@ -81,8 +81,8 @@ def choose(names: list[str], fixed_dims: set[int], given: dict[str, int], label:
     for name in names:
         role = role_of(name)
         if name in given:
-            value = int(given[name])
-            if value <= 0:
+            value = given[name]
+            if not isinstance(value, int) or value <= 0:
                 raise ModelError(f"{label}representative value for {name!r} must be positive, not {value}")
         else:
             value = _next_prime(ROLE_DEFAULTS[role])

@@ -51,6 +51,19 @@ def dynamic_report(model, program, seed: int, verify: bool):
     return general, report
 
 
+def fold_into(report: dict, dynamic: dict) -> None:
+    """The size checks' verdict joins the verification's (a mismatch at any size is one),
+    and a program that holds only at the representative sizes is a notice."""
+    bad = [c["sizes"] for c in dynamic.get("checks", []) if c.get("ok") is False]
+    if bad and "verification" in report:
+        report["verification"]["ok"] = False
+        report["verification"]["failed_at_sizes"] = bad
+    if not dynamic.get("general"):
+        report.setdefault("notices", []).append(
+            f"the program holds only at the representative sizes ({dynamic.get('why')}); "
+            "the export fixes the symbolic dims there")
+
+
 def _check(model, general, values: dict, seed: int) -> dict:
     """One size: the general program against onnxruntime on the original."""
     from apsat.pipeline.verify import run_oracle, verify_program

@@ -201,7 +201,9 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
         raise ApsatError(f"lowering options apply to systolic targets, not {target!r}")
     backend.check_options(lowering or {})
     seconds: dict[str, float] = {"setup": time.perf_counter() - start}
-    m, eg, handles, loaded = _load(model, target, tell, seconds, *input_shapes)
+    shapes, representatives = input_shapes
+    m, eg, handles, loaded = _load(model, target, tell, seconds, shapes or _shapes_of(inputs, model),
+                                   representatives)
     given = _given_inputs(inputs, m)
     saturation = _saturate(eg, m, rules, regions, tell, seconds, **limits)
     rule_check = _check_rules(eg, m, check_rules, given, seed, tell, seconds) if rules else None
@@ -215,10 +217,11 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
         outputs = _verify(m, program, backend, lowered, report, given, seed, tell, seconds, verify_backend)
     general = None
     if m.symbols:
-        from apsat.pipeline.dynamic import dynamic_report
+        from apsat.pipeline.dynamic import dynamic_report, fold_into
 
         general, report["dynamic"] = _timed("sizes", tell, seconds, dynamic_report, m, program, seed,
                                             verify and given is None)
+        fold_into(report, report["dynamic"])
     return OptimizeResult(program, m, report, lowered, backend, outputs, general)
 
 
@@ -229,6 +232,30 @@ def _timed(phase: str, tell, seconds: dict, fn, *args):
     out = fn(*args)
     seconds[phase] = time.perf_counter() - t
     return out
+
+
+def _shapes_of(inputs, model) -> dict | None:
+    """The dims of the user's inputs (arrays or an .npz) that are the model's graph inputs:
+    they fix the symbolic dims, as an example input does for torch.compile; None when none
+    are given."""
+    import numpy as np
+    import onnx
+
+    if inputs is None or hasattr(model, "program"):
+        return None
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+    names = {vi.name for vi in proto.graph.input} - {i.name for i in proto.graph.initializer}
+    return {k: v for k, v in (_array_shapes(inputs) or {}).items() if k in names} or None
+
+
+def _array_shapes(inputs) -> dict | None:
+    if isinstance(inputs, (str, Path)):
+        try:
+            with np.load(inputs, allow_pickle=False) as data:
+                return {k: data[k].shape for k in data.files}
+        except (OSError, ValueError):
+            return None                # load_inputs says what is wrong with the file
+    return {k: np.shape(v) for k, v in dict(inputs).items()}
 
 
 def _given_inputs(inputs, m) -> dict | None:

@@ -62,7 +62,7 @@ def test_onnx_inference_gives_up_on_the_mask_expand():
 
 def test_mask_expand_is_lowered_not_refused():
     model = apsat.load_onnx(attention_mask_model())
-    assert model.inputs == {"ids": (1, 8), "mask": (1, 8)} and len(model.notices) == 2
+    assert model.inputs == {"ids": (3, 8), "mask": (3, 8)} and len(model.notices) == 1   # batch at 3
     assert model.opaque_ops() == {}                        # the embedding lookup is a gather
     assert model.input_types == {"ids": T.INT64, "mask": T.INT64}
 
@@ -73,7 +73,7 @@ def test_random_inputs_follow_type_and_use():
     assert inputs["ids"].dtype == np.int64 and inputs["mask"].dtype == np.int64
     assert index_bounds(model.onnx) == {"ids": 50}
     assert 0 <= inputs["ids"].min() and inputs["ids"].max() < 50
-    np.testing.assert_array_equal(inputs["mask"], [[1, 1, 1, 1, 1, 1, 0, 0]])
+    np.testing.assert_array_equal(inputs["mask"], [[1, 1, 1, 1, 1, 1, 0, 0]] * 3)     # batch at 3
 
 
 @pytest.mark.parametrize("target", ["gpu", "systolic:32x32"])
@@ -90,8 +90,11 @@ def test_input_shapes_bind_the_symbolic_batch():
     assert model.inputs == {"ids": (3, 8), "mask": (3, 8)} and not model.notices
 
 
+BATCH_1 = {"ids": (1, 8), "mask": (1, 8)}    # the size the inputs below have
+
+
 def test_user_inputs_from_npz(tmp_path):
-    model = apsat.load_onnx(attention_mask_model())
+    model = apsat.load_onnx(attention_mask_model(), input_shapes=BATCH_1)
     ids = np.array([[1, 2, 3, 4, 5, 6, 7, 49]])
     np.savez(tmp_path / "in.npz", ids=ids, mask=np.ones((1, 8), np.int32))
     got = load_inputs(tmp_path / "in.npz", model)
@@ -109,14 +112,14 @@ def test_user_inputs_from_npz(tmp_path):
 def test_bad_npz_inputs_are_named(tmp_path, arrays, fragment):
     np.savez(tmp_path / "in.npz", **arrays)
     with pytest.raises(ApsatError, match=None) as info:
-        load_inputs(tmp_path / "in.npz", apsat.load_onnx(attention_mask_model()))
+        load_inputs(tmp_path / "in.npz", apsat.load_onnx(attention_mask_model(), input_shapes=BATCH_1))
     assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
 def test_npz_that_is_not_one(tmp_path):
     (tmp_path / "in.npz").write_bytes(b"not a zip")
     with pytest.raises(ApsatError, match="not a readable .npz"):
-        load_inputs(tmp_path / "in.npz", apsat.load_onnx(attention_mask_model()))
+        load_inputs(tmp_path / "in.npz", apsat.load_onnx(attention_mask_model(), input_shapes=BATCH_1))
 
 
 def test_value_dependent_shape_is_refused_in_one_line():
@@ -152,9 +155,11 @@ def test_cli_symbolic_dims_get_a_notice(tmp_path, capsys):
 
     path = tmp_path / "mask.onnx"
     onnx.save(attention_mask_model(), str(path))
-    assert main(["optimize", str(path), "--out", str(tmp_path / "out"), "--no-compile"]) == 0
+    assert main(["optimize", str(path), "--out", str(tmp_path / "out"), "--no-compile",
+                 "--representative", "batch=7", "--onnx-out", str(tmp_path / "o.onnx")]) == 0
     err = capsys.readouterr().err
-    assert "symbolic dim 'batch' set to 1" in err
+    assert "symbolic dim 'batch' kept symbolic; the program is built at 7" in err
+    assert onnx.load(str(tmp_path / "o.onnx")).graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
 
 
 @pytest.mark.parametrize("flag", ["ids", "ids=", "ids=1,x", "ids=0,8", "=1,8"])

@@ -1,0 +1,96 @@
+"""Symbolic dims end to end: a model exported with dynamic batch and sequence optimises at
+representative sizes, its program holds at other sizes (checked against onnxruntime), and
+its ONNX export keeps the original's symbolic dims and equals the original at sizes it was
+never built at, batch 3 and sequence lengths 5 and 40 among them.
+
+Models: tests/data/dynamic (benchmarks/export_dynamic.py: BERT and DistilBERT encoders with
+64 positions, a ResNet-18 shape at 1/8 width), seeded random weights. Tolerance: the
+export against onnxruntime on the original, max |difference| <= 1e-4 * (1 + max |value|).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from apsat.pipeline.optimize import optimize
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "dynamic"
+TEXT_SIZES = [(3, 5), (3, 40), (1, 31), (2, 64)]
+
+
+def _run(path, feeds):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path) if not isinstance(path, bytes) else path, so,
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _feeds(batch, seq, rng):
+    return {"input_ids": rng.integers(0, 64, (batch, seq)).astype(np.int64),
+            "attention_mask": (rng.random((batch, seq)) < 0.8).astype(np.int64)}
+
+
+def _dims(vi):
+    return [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+
+
+@pytest.mark.parametrize("name", ["bert", "distilbert"])
+def test_encoder_export_keeps_batch_and_sequence_symbolic(name, tmp_path):
+    res = optimize(DATA / f"{name}.onnx", target="gpu", representatives={"sequence_length": 31})
+    dyn = res.report["dynamic"]
+    assert dyn["general"] and res.report["verification"]["ok"]
+    checked = {tuple(c["sizes"].values()) for c in dyn["checks"] if c.get("ok")}
+    assert {(1, 31), (4, 31), (5, 5), (5, 40)} <= checked     # batch 5 and seq 31 are built
+    proto = res.to_onnx(tmp_path / "out.onnx")
+    assert [_dims(i) for i in proto.graph.input] == [["batch_size", "sequence_length"]] * 2
+    assert _dims(proto.graph.output[0]) == ["batch_size", "sequence_length", 32]
+    assert "Attention" in {n.op_type for n in proto.graph.node}       # fused, and still general
+    rng = np.random.default_rng(0)
+    for batch, seq in TEXT_SIZES:
+        feeds = _feeds(batch, seq, rng)
+        (want,), (got,) = _run(DATA / f"{name}.onnx", feeds), _run(tmp_path / "out.onnx", feeds)
+        assert got.shape == (batch, seq, 32)
+        assert np.max(np.abs(got - want)) <= 1e-4 * (1 + np.max(np.abs(want))), (batch, seq)
+
+
+def test_resnet_export_keeps_a_symbolic_batch(tmp_path):
+    res = optimize(DATA / "resnet.onnx", target="gpu")
+    assert res.report["dynamic"]["general"] and res.model.inputs["pixel_values"] == (5, 3, 32, 32)
+    proto = res.to_onnx(tmp_path / "out.onnx")
+    assert _dims(proto.graph.input[0]) == ["batch_size", 3, 32, 32]
+    assert _dims(proto.graph.output[0]) == ["batch_size", 10]
+    rng = np.random.default_rng(1)
+    for batch in (1, 3, 4, 7):
+        x = {"pixel_values": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)}
+        (want,), (got,) = _run(DATA / "resnet.onnx", x), _run(tmp_path / "out.onnx", x)
+        assert np.max(np.abs(got - want)) <= 1e-4 * (1 + np.max(np.abs(want))), batch
+
+
+def test_a_size_the_original_does_not_run_at_is_skipped_with_the_reason():
+    res = optimize(DATA / "distilbert.onnx", target="gpu", representatives={"sequence_length": 31})
+    res2 = optimize(DATA / "distilbert.onnx", target="gpu", representatives={"sequence_length": 61})
+    assert res.report["dynamic"]["general"] and res2.report["dynamic"]["general"]
+    # 64 positions: the program sliced to the sequence holds at 40 but not past 64
+    from apsat.pipeline.dynamic import model_at
+    from apsat.errors import ShapeError
+
+    with pytest.raises(ShapeError, match="access-slice"):
+        model_at(res.model, res.general, {"batch_size": 2, "sequence_length": 65})
+
+
+def test_input_shape_still_fixes_a_symbolic_dim():
+    res = optimize(DATA / "resnet.onnx", target="gpu", input_shapes={"pixel_values": (2, 3, 32, 32)},
+                   verify=False)
+    assert "dynamic" not in res.report and res.model.inputs["pixel_values"] == (2, 3, 32, 32)
+    assert _dims(res.to_onnx().graph.input[0]) == [2, 3, 32, 32]
+
+
+def test_a_representative_past_the_models_range_is_one_line_naming_the_sizes():
+    from apsat.errors import ModelError
+
+    with pytest.raises(ModelError, match=r"built at batch_size=5, sequence_length=127; --representative"):
+        optimize(DATA / "distilbert.onnx", target="gpu", verify=False)
