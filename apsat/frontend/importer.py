@@ -25,7 +25,9 @@ from apsat.frontend.folding import Const, FoldError, fold, fold_shape
 from apsat.frontend.lowering import LOWERINGS, BadAttribute, NodeCtx, NodeProblem
 from apsat.frontend.limits import check_declarations, check_dims, check_no_nan, check_one_d, check_strings
 from apsat.frontend.lowering_tensor import Unlowerable
-from apsat.frontend.node_shapes import VALUE_DEPENDENT_SHAPES, infer_node
+from apsat.frontend.node_shapes import infer_node
+from apsat.frontend.opaque_import import opaque_terms
+from apsat.frontend.symbol_folding import SymbolFolding
 from apsat.frontend.reading import (FLOAT_TYPES, check_structure, file_prefix, first_line, infer_and_check,
                                     input_types, model_skeleton, node_name, read_model, true_inputs)
 from apsat.lang.program import OpaqueNode, Program
@@ -72,8 +74,7 @@ def load_onnx(source, input_shapes: dict | None = None, representatives: dict | 
     skeleton = model_skeleton(proto, inputs)
     info, complaint = infer_and_check(skeleton, label)
     importer = Importer(proto, inputs, info, label)
-    values = [s.value for s in symbols.values()]
-    importer.symbol_sizes = set(values) | {a * b for a in values for b in values}
+    importer.symbolic = SymbolFolding(s.value for s in symbols.values())
     try:
         program = importer.run()
     except ModelError as e:            # names the node: more specific than the checker
@@ -93,7 +94,7 @@ def load_onnx(source, input_shapes: dict | None = None, representatives: dict | 
     return Model(program=program, inputs=inputs, weights=importer.weights, onnx=proto,
                  path=path, import_seconds=time.perf_counter() - start,
                  input_types={n: types[n] for n in inputs}, notices=notices,
-                 symbols=symbols, signature=signature, generated=importer.generated)
+                 symbols=symbols, signature=signature, generated=importer.symbolic.generated)
 
 
 def _tensor_array(init) -> np.ndarray:
@@ -121,11 +122,7 @@ class Importer:
         self._const_terms: dict[str, Term] = {}
         self.inputs = inputs
         self.live, self.used = self._liveness()
-        # sizes that stand for symbolic dims (their representative values and products):
-        # a value of such a size computed from constants is not folded unless uniform
-        self.symbol_sizes: set[int] = set()
-        self._ranges: dict[str, tuple[float, float]] = {}   # Range outputs of symbolic length
-        self.generated: dict[str, tuple[float, float]] = {}  # weight name -> (start, delta)
+        self.symbolic = SymbolFolding()      # load_onnx sets the symbols' sizes
 
     def _liveness(self):
         """Indices of nodes some graph output depends on, and every name they read."""
@@ -158,7 +155,7 @@ class Importer:
         outputs = {o.name: self.term(o.name) for o in self.graph.output}
         try:
             return Program(outputs, dict(self.tensor_shapes), self.opaque_nodes,
-                           weights=frozenset(self.weights) - set(self.generated))
+                           weights=frozenset(self.weights) - set(self.symbolic.generated))
         except ShapeError as e:       # an importer bug, but never a bare traceback
             raise ModelError(f"{file_prefix(self.label)}imported program is ill-shaped: {e}") from None
 
@@ -188,8 +185,7 @@ class Importer:
                 t = self.b.reshape(t, arr.shape) if arr.shape != () else t
             else:
                 t = self.add_weight(name, arr)
-                if name in self._ranges:     # computed at run time at every size
-                    self.generated[t.args[0]] = self._ranges[name]
+                self.symbolic.weight_made(name, t.args[0])
             self._const_terms[name] = t
         return self._const_terms[name]
 
@@ -228,7 +224,7 @@ class Importer:
         fn = LOWERINGS.get(node.op_type) if default else None
         if all_const and self._should_fold(fn, ins, node.op_type):
             self._fold(idx, node, ins)
-            if not self._varies_with_symbols(node, fn is not None):
+            if not self.symbolic.varies(node, self.env, fn is not None):
                 return
         self._complete_info(node, ins)
         if self._empty_outputs(node):       # known empty only now, from the node's own inference
@@ -363,61 +359,9 @@ class Importer:
             if name:
                 self.env[name] = Const(arr)
 
-    def _varies_with_symbols(self, node, lowers: bool) -> bool:
-        """Whether a folded output has a size that stands for a symbolic dim and more than
-        one value (positions sliced to the sequence length, a causal mask): such a value is
-        computed in the program instead, where its size follows the symbol; a uniform one
-        (a ConstantOfShape fill) stays folded, as one value repeated."""
-        if node.op_type == "Range" and self.symbol_sizes & set(np.shape(self.env[node.output[0]].value)):
-            start, _, delta = (float(np.asarray(self.env[n].value).reshape(-1)[0]) for n in node.input)
-            self._ranges[node.output[0]] = (start, delta)
-            return False
-        for name in node.output:
-            v = self.env.get(name) if name else None
-            if isinstance(v, Const) and self.symbol_sizes & set(np.shape(v.value)):
-                flat = np.asarray(v.value).ravel()
-                if lowers and flat.size and not np.all(flat == flat[0]):
-                    for out in node.output:
-                        self.env.pop(out, None)
-                    return True
-        return False
-
     def _opaque(self, idx: int, node, ins):
         """One `opaque` term per used output; onnxruntime runs the node alone."""
-        where = self._where(idx, node)
-        args, arg_inputs, constants, types = [], [], {}, []
-        for pos, (name, v) in enumerate(zip(node.input, ins)):
-            if not name:
-                types.append(0)
-                continue
-            if isinstance(v, Const):
-                constants[pos] = np.asarray(v.value)
-                types.append(helper.np_dtype_to_tensor_dtype(constants[pos].dtype))
-            else:
-                args.append(v)
-                arg_inputs.append(pos)
-                types.append(self.info.get(name, (onnx.TensorProto.FLOAT, None))[0] or onnx.TensorProto.FLOAT)
-        opsets = tuple(sorted(self.opsets.items()))
-        for k, name in enumerate(node.output):
-            if not name or not self.is_used(name):
-                continue
-            elem, dims = self.info.get(name, (0, None))
-            if dims is None:
-                known = node.domain in ("", "ai.onnx") or onnx.defs.has(node.op_type, node.domain)
-                what = "no lowering" if known else f"unknown op (domain {node.domain!r})"
-                why = ("depends on the input values (apsat needs static shapes)"
-                       if node.op_type in VALUE_DEPENDENT_SHAPES else
-                       "cannot be determined (neither onnx's inference nor a run of the node says)")
-                raise ModelError(f"{where}: {what}, and the shape of its output {name!r} {why}")
-            check_dims(where, f"output {name!r}", dims)
-            self.opaque_nodes[name] = OpaqueNode(
-                node=node.SerializeToString(), arg_inputs=tuple(arg_inputs), constants=constants,
-                input_types=tuple(types), output_index=k,
-                output_type=elem or onnx.TensorProto.FLOAT, opsets=opsets)
-            try:
-                self.env[name] = self.b.make("opaque", name, tuple(args), tuple(dims))
-            except ShapeError as e:
-                raise ModelError(f"{where}: {first_line(e)}") from None
+        opaque_terms(self, self._where(idx, node), node, ins)
 
 
 def outer_names(node) -> set[str]:
