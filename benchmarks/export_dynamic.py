@@ -3,7 +3,7 @@ tests/data/dynamic/: what `apsat optimize` must keep dynamic (issue: dynamic sha
 
     python benchmarks/export_dynamic.py [OUT_DIR]
 
-bert, distilbert: inputs (batch_size, sequence_length); resnet: pixel_values (batch_size,
+bert, distilbert, gpt2: inputs (batch_size, sequence_length); resnet: pixel_values (batch_size,
 3, 32, 32). Exported with torch.onnx.export(dynamo=False), opset 17, dynamic_axes.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main(out: Path) -> None:
         for name in [m for m in sys.modules if m.startswith("torchvision")]:
             del sys.modules[name]
         sys.modules["torchvision"] = None
-    from transformers import BertConfig, BertModel, DistilBertConfig, DistilBertModel
+    from transformers import BertConfig, BertModel, DistilBertConfig, DistilBertModel, GPT2Config, GPT2Model
 
     torch.manual_seed(0)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,6 +82,8 @@ def main(out: Path) -> None:
     distil = DistilBertModel(DistilBertConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
                                               max_position_embeddings=64))
     _text("distilbert", distil.eval(), out)
+    gpt2 = GPT2Model(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64, use_cache=False))
+    _text("gpt2", gpt2.eval(), out)
     resnet = _ResNet().eval()
     torch.onnx.export(resnet, (torch.randn(2, 3, 32, 32),), str(out / "resnet.onnx"), input_names=["pixel_values"],
                       output_names=["logits"], dynamic_axes={"pixel_values": {0: "batch_size"},

@@ -28,6 +28,7 @@ from apsat.frontend.lowering_tensor import Unlowerable
 from apsat.frontend.node_shapes import infer_node
 from apsat.frontend.opaque_import import opaque_terms
 from apsat.frontend.symbol_folding import SymbolFolding
+from apsat.frontend.symbols import fixed_dims, smaller
 from apsat.frontend.reading import (FLOAT_TYPES, check_structure, file_prefix, first_line, infer_and_check,
                                     input_types, model_skeleton, node_name, read_model, true_inputs)
 from apsat.lang.program import OpaqueNode, Program
@@ -68,7 +69,31 @@ def load_onnx(source, input_shapes: dict | None = None, representatives: dict | 
     check_strings(proto, label)
     check_structure(proto, label)
     check_declarations(proto, label)
-    inputs, notices, symbols, signature = true_inputs(proto, input_shapes or {}, label, representatives)
+    given, refused = dict(representatives or {}), []
+    while True:
+        inputs, notices, symbols, signature = true_inputs(proto, input_shapes or {}, label, given)
+        try:
+            program, importer = _import(proto, inputs, symbols, label)
+            break
+        except ModelError as e:
+            lower = smaller(symbols, fixed_dims(proto), set(representatives or {}))
+            sizes = ", ".join(f"{s.name}={s.value}" for s in symbols.values())
+            if not lower or len(refused) == 3:   # built at the user's sizes, or small already
+                raise (ModelError(f"{e} (symbolic dims built at {sizes}; --representative NAME=V "
+                                  "chooses others)") if symbols else e) from None
+            refused.append(f"{sizes} ({first_line(e).rsplit(': ', 1)[-1][:80]})")
+            given.update(lower)
+    if refused:                                # a sequence past the model's position table
+        notices.append(f"the model does not import with its symbolic dims at {'; at '.join(refused)}")
+    types = input_types(proto)
+    return Model(program=program, inputs=inputs, weights=importer.weights, onnx=proto,
+                 path=path, import_seconds=time.perf_counter() - start,
+                 input_types={n: types[n] for n in inputs}, notices=notices,
+                 symbols=symbols, signature=signature, generated=importer.symbolic.generated)
+
+
+def _import(proto, inputs: dict, symbols: dict, label: str):
+    """(program, importer) for the model with its true inputs at `inputs`."""
     for name, dims in inputs.items():         # before anything is allocated for them
         check_dims(label, f"input {name!r}", dims)
     skeleton = model_skeleton(proto, inputs)
@@ -77,12 +102,8 @@ def load_onnx(source, input_shapes: dict | None = None, representatives: dict | 
     importer.symbolic = SymbolFolding(s.value for s in symbols.values())
     try:
         program = importer.run()
-    except ModelError as e:            # names the node: more specific than the checker
-        if symbols:                    # the size the symbols were built at may be the cause
-            sizes = ", ".join(f"{s.name}={s.value}" for s in symbols.values())
-            raise ModelError(f"{e} (symbolic dims built at {sizes}; --representative NAME=V "
-                             "chooses others)") from None
-        raise
+    except ModelError:
+        raise                          # names the node: more specific than the checker
     except Exception as e:             # a model the checker refused can trip the walk anywhere
         if complaint:
             raise ModelError(complaint) from None
@@ -90,11 +111,7 @@ def load_onnx(source, input_shapes: dict | None = None, representatives: dict | 
                          f"({type(e).__name__}: {first_line(e)})") from None
     if complaint:
         raise ModelError(complaint)
-    types = input_types(proto)
-    return Model(program=program, inputs=inputs, weights=importer.weights, onnx=proto,
-                 path=path, import_seconds=time.perf_counter() - start,
-                 input_types={n: types[n] for n in inputs}, notices=notices,
-                 symbols=symbols, signature=signature, generated=importer.symbolic.generated)
+    return program, importer
 
 
 def _tensor_array(init) -> np.ndarray:

@@ -124,6 +124,25 @@ def _elements(t) -> int:
     return n
 
 
+def smaller(symbols: dict[str, Symbol], fixed: set[int], keep: set[str]) -> dict[str, int]:
+    """Lower representatives to try when the model does not import at these (a sequence
+    past its position table): each symbol not in `keep` (the user's) whose value is over
+    3 goes to the largest prime at most half of it that no fixed dim or other symbol
+    takes; {} when none can go lower."""
+    taken = set(fixed) | {s.value for s in symbols.values()}
+    out = {}
+    for name, s in symbols.items():
+        if name in keep or s.value <= 3:
+            continue
+        v = s.value // 2
+        while v >= 2 and (not _is_prime(v) or v in taken):
+            v -= 1
+        if v >= 2:
+            out[name] = v
+            taken.add(v)
+    return out
+
+
 def probe_values(symbols: dict[str, Symbol], fixed: set[int]) -> dict[str, tuple[int, int, int]]:
     """Name -> (representative, second, third value): the sizes an export is made at to
     find how its sizes follow the symbols; primes distinct from each other and from the

@@ -17,6 +17,33 @@ from apsat.errors import ApsatError, ShapeError
 from apsat.lang.dims import NotGeneral
 
 
+def runnable(model, source, input_shapes, representatives, seed: int):
+    """`model`, or the model imported again at lower representatives while onnxruntime
+    cannot run the original at its sizes (GPT-2's positions gathered past its table at a
+    sequence of 127): the program is then built at sizes the model takes, with a notice."""
+    from apsat.frontend.importer import load_onnx
+    from apsat.frontend.symbols import fixed_dims, smaller
+    from apsat.pipeline.verify import run_oracle
+    from apsat.pipeline.zoo import random_inputs
+
+    refused = []
+    for _ in range(3):
+        try:
+            run_oracle(model.onnx, random_inputs(model, seed))
+            break
+        except ApsatError as e:
+            lower = smaller(model.symbols, fixed_dims(model.onnx), set(representatives or {}))
+            if not lower:
+                break                  # verification will say what onnxruntime said
+            refused.append(", ".join(f"{s.name}={s.value}" for s in model.symbols.values())
+                           + f" ({str(e).rsplit(': ', 1)[-1][:80]})")
+            representatives = {**{n: s.value for n, s in model.symbols.items()}, **lower}
+            model = load_onnx(source, input_shapes, representatives)
+    if refused:
+        model.notices.append(f"onnxruntime does not run the original at {'; at '.join(refused)}")
+    return model
+
+
 def sizes_to_check(symbols: dict) -> list[dict[str, int]]:
     """The representative values, then each symbol's other checks with the rest at theirs."""
     rep = {n: s.value for n, s in symbols.items()}

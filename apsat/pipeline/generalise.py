@@ -26,6 +26,7 @@ registry's rules (optimize verifies them against onnxruntime).
 from __future__ import annotations
 
 import math
+from itertools import product
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -132,6 +133,7 @@ class _Vocabulary:
 
     def __init__(self, symbols):
         symbols = list(symbols)
+        self.reps = {next(iter(s.symbols())): s.rep for s in symbols}
         self.by_value: dict[int, set] = {}
         for i, a in enumerate(symbols):
             self._put(a)
@@ -179,7 +181,7 @@ def _symbolic_args(term: Term, shapes: dict, vocab: _Vocabulary) -> tuple:
     if op == "access-reshape":
         it, item = shapes[args[0]]
         new_it, new_item = args[1].args
-        dims = _reshape_target(it + item, new_it + new_item, op)
+        dims = _reshape_target(it + item, new_it + new_item, vocab.reps, op)
         return (args[0], _Target(dims[:len(new_it)], dims[len(new_it):]))
     if op == "access-broadcast":
         it, item = shapes[args[0]]
@@ -211,33 +213,54 @@ def _bound(value: int, extent, vocab, where: str):
     return simplest(vocab.read(value, where)) if value > 1 else value
 
 
-def _reshape_target(src: tuple, target: tuple, where: str) -> tuple:
+def _reshape_target(src: tuple, target: tuple, reps: dict[str, int], where: str) -> tuple:
     """The reshape target `target` (ints) of symbolic dims `src`, group by group."""
     out: list = []
     for s_group, t_group in _groups(src, target):
-        product = math.prod(s_group, start=Dim.of(1))
-        if not is_symbolic(product):
+        count = math.prod(s_group, start=Dim.of(1))
+        if not is_symbolic(count):
             out.extend(t_group)
             continue
         dims: list = [None] * len(t_group)
-        rest = product
+        rest = count
         for j, v in enumerate(t_group):          # a symbolic dim that keeps its value
             match = next((d for d in s_group if is_symbolic(d) and d.rep == v and _divides(d, rest)), None)
             if match is not None:
                 dims[j], rest = match, _divide(rest, match, where)
         open_ = [j for j, d in enumerate(dims) if d is None]
-        if is_symbolic(rest):
-            mono = _monomial_part(rest, where)
-            fits = [j for j in open_ if t_group[j] % mono.rep == 0]
-            if len(fits) != 1:
-                raise NotGeneral(f"{where}: cannot place {rest} on the target dims {t_group}")
-            dims[fits[0]] = (t_group[fits[0]] // mono.rep) * mono
-        for j in open_:
-            dims[j] = dims[j] if dims[j] is not None else t_group[j]
-        if math.prod(dims, start=Dim.of(1)) != product:
-            raise NotGeneral(f"{where}: target {t_group} does not keep the {product} elements of {s_group}")
+        for j, d in zip(open_, _spread(rest, [t_group[j] for j in open_], reps, where)):
+            dims[j] = d
+        if math.prod(dims, start=Dim.of(1)) != count:
+            raise NotGeneral(f"{where}: target {t_group} does not keep the {count} elements of {s_group}")
         out.extend(simplest(d) for d in dims)
     return tuple(out)
+
+
+def _spread(rest: Dim, values: list[int], reps: dict[str, int], where: str) -> list:
+    """The monomial `rest` as one factor per target value: each symbol (representative
+    `reps`) goes to a dim whose value it divides, every dim keeping a whole constant;
+    exactly one such placement, or NotGeneral."""
+    if not is_symbolic(rest):
+        return list(values)
+    if len(rest.terms) != 1:
+        raise NotGeneral(f"{where}: {rest} is not a product of symbols")
+    (mono, coeff), = rest.terms.items()
+    factors = [s for s, e in mono for _ in range(e)]
+    found = set()
+    for places in product(range(len(values)), repeat=len(factors)):
+        sym = [1] * len(values)
+        for f, j in zip(factors, places):
+            sym[j] *= reps[f]
+        if all(v % p == 0 for v, p in zip(values, sym)) and math.prod(v // p for v, p in zip(values, sym)) == coeff:
+            found.add(tuple(sorted(zip(factors, places))))
+    if len(found) != 1:
+        raise NotGeneral(f"{where}: cannot place {rest} on the target dims {tuple(values)}")
+    placed = found.pop()
+    out = []
+    for j, v in enumerate(values):
+        d = math.prod((Dim.symbol(f, reps[f]) for f, place in placed if place == j), start=Dim.of(1))
+        out.append(simplest((v // d.rep) * d))
+    return out
 
 
 def _groups(src: tuple, target: tuple) -> list:
@@ -262,13 +285,6 @@ def _prefix(values) -> list[int]:
         p *= v
         out.append(p)
     return out
-
-
-def _monomial_part(d: Dim, where: str) -> Dim:
-    if len(d.terms) != 1:
-        raise NotGeneral(f"{where}: {d} is not a product of symbols")
-    (mono, _), = d.terms.items()
-    return Dim({mono: 1}, round(d.rep / next(iter(d.terms.values()))))
 
 
 def _divides(d: Dim, n: Dim) -> bool:

@@ -203,7 +203,7 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
     seconds: dict[str, float] = {"setup": time.perf_counter() - start}
     shapes, representatives = input_shapes
     m, eg, handles, loaded = _load(model, target, tell, seconds, shapes or _shapes_of(inputs, model),
-                                   representatives)
+                                   representatives, seed if verify and inputs is None else None)
     given = _given_inputs(inputs, m)
     saturation = _saturate(eg, m, rules, regions, tell, seconds, **limits)
     rule_check = _check_rules(eg, m, check_rules, given, seed, tell, seconds) if rules else None
@@ -269,9 +269,10 @@ def _given_inputs(inputs, m) -> dict | None:
     return check_inputs(dict(inputs), m, "inputs")
 
 
-def _load(model, target, tell, seconds, input_shapes=None, representatives=None):
+def _load(model, target, tell, seconds, input_shapes=None, representatives=None, probe_seed=None):
     """Import the model and load it into a fresh e-graph; returns (model, e-graph, output
-    handles, (nodes, classes, cost of the imported program))."""
+    handles, (nodes, classes, cost of the imported program)). With `probe_seed`, a model
+    with symbolic dims is built at sizes onnxruntime runs the original at (dynamic.runnable)."""
     # "import" starts before these imports (egglog's bindings, the frontend: ~0.2 s in a
     # fresh process), which would otherwise be time that no phase owns
     tell("import")
@@ -281,6 +282,10 @@ def _load(model, target, tell, seconds, input_shapes=None, representatives=None)
     from apsat.frontend.importer import load_onnx
 
     m = model if hasattr(model, "program") else load_onnx(model, input_shapes, representatives)
+    if m.symbols and probe_seed is not None and not hasattr(model, "program"):
+        from apsat.pipeline.dynamic import runnable
+
+        m = runnable(m, model, input_shapes, representatives, probe_seed)
     seconds["import"] = time.perf_counter() - t
     tell("e-graph")
     t = time.perf_counter()

@@ -3,7 +3,7 @@ representative sizes, its program holds at other sizes (checked against onnxrunt
 its ONNX export keeps the original's symbolic dims and equals the original at sizes it was
 never built at, batch 3 and sequence lengths 5 and 40 among them.
 
-Models: tests/data/dynamic (benchmarks/export_dynamic.py: BERT and DistilBERT encoders with
+Models: tests/data/dynamic (benchmarks/export_dynamic.py: BERT, DistilBERT and GPT-2 (causal) with
 64 positions, a ResNet-18 shape at 1/8 width), seeded random weights. Tolerance: the
 export against onnxruntime on the original, max |difference| <= 1e-4 * (1 + max |value|).
 """
@@ -38,7 +38,7 @@ def _dims(vi):
     return [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
 
 
-@pytest.mark.parametrize("name", ["bert", "distilbert"])
+@pytest.mark.parametrize("name", ["bert", "distilbert", "gpt2"])
 def test_encoder_export_keeps_batch_and_sequence_symbolic(name, tmp_path):
     res = optimize(DATA / f"{name}.onnx", target="gpu", representatives={"sequence_length": 31})
     dyn = res.report["dynamic"]
@@ -89,8 +89,23 @@ def test_input_shape_still_fixes_a_symbolic_dim():
     assert _dims(res.to_onnx().graph.input[0]) == [2, 3, 32, 32]
 
 
-def test_a_representative_past_the_models_range_is_one_line_naming_the_sizes():
+def test_a_default_past_the_models_range_is_lowered_and_a_given_one_refused():
+    """64 positions: the default sequence 127 does not import; 61 does, and says why."""
     from apsat.errors import ModelError
+    from apsat.frontend.importer import load_onnx
 
+    m = load_onnx(DATA / "distilbert.onnx")
+    assert m.inputs["input_ids"] == (5, 61) and "does not import" in m.notices[-1]
     with pytest.raises(ModelError, match=r"built at batch_size=5, sequence_length=127; --representative"):
-        optimize(DATA / "distilbert.onnx", target="gpu", verify=False)
+        load_onnx(DATA / "distilbert.onnx", representatives={"sequence_length": 127})
+
+
+def test_real_zoo_dynamic_model_optimises_with_no_input_shape():
+    """distilbert_dynamic has 32 positions: built at 29; sequence 40 is past the original."""
+    res = optimize(DATA.parent / "real_zoo" / "distilbert_dynamic.onnx", target="gpu")
+    dyn = res.report["dynamic"]
+    assert dyn["general"] and res.report["verification"]["ok"]
+    assert res.model.inputs["input_ids"] == (5, 29)
+    by_size = {tuple(c["sizes"].values()): c for c in dyn["checks"]}
+    assert by_size[(5, 5)]["ok"] and by_size[(1, 29)]["ok"] and by_size[(4, 29)]["ok"]
+    assert "does not hold" in by_size[(5, 40)]["skipped"] or "does not run" in by_size[(5, 40)]["skipped"]
