@@ -3,7 +3,8 @@ tests/data/dynamic/: what `apsat optimize` must keep dynamic (issue: dynamic sha
 
     python benchmarks/export_dynamic.py [OUT_DIR]
 
-bert, distilbert, gpt2: inputs (batch_size, sequence_length); resnet: pixel_values (batch_size,
+bert, distilbert, gpt2: inputs (batch_size, sequence_length); gpt2_kv: GPT-2 with a KV
+cache (past_sequence_length);; resnet: pixel_values (batch_size,
 3, 32, 32). Exported with torch.onnx.export(dynamo=False), opset 17, dynamic_axes.
 """
 from __future__ import annotations
@@ -65,6 +66,45 @@ class _ResNet(torch.nn.Module):
         return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(self.stages(self.stem(x)), 1), 1))
 
 
+class _WithCache(torch.nn.Module):
+    """A GPT-2 decoder step with a KV cache as tensors: past keys and values in (one pair a
+    layer), the present ones out, as optimum's decoder-with-past exports are."""
+
+    def __init__(self, model, config):
+        super().__init__()
+        self.model, self.config = model, config
+
+    def forward(self, input_ids, attention_mask, *past):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.config)
+        for layer in range(len(past) // 2):
+            cache.update(past[2 * layer], past[2 * layer + 1], layer)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+        present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        return (out.last_hidden_state, *present)
+
+
+def _decoder_with_cache(out: Path) -> None:
+    """gpt2_kv.onnx: past length symbolic; the mask spans `past_sequence_length +
+    sequence_length`, the dim_param optimum writes."""
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    model = _WithCache(GPT2Model(config).eval(), config)
+    past = [torch.randn(2, 2, 5, 16) for _ in range(4)]
+    names = ["past_key_0", "past_value_0", "past_key_1", "past_value_1"]
+    outs = ["last_hidden_state", "present_key_0", "present_value_0", "present_key_1", "present_value_1"]
+    total = "past_sequence_length + sequence_length"
+    axes = {"input_ids": {0: "batch_size", 1: "sequence_length"}, "attention_mask": {0: "batch_size", 1: total},
+            "last_hidden_state": {0: "batch_size", 1: "sequence_length"},
+            **{n: {0: "batch_size", 2: "past_sequence_length"} for n in names},
+            **{n: {0: "batch_size", 2: total} for n in outs[1:]}}
+    args = (torch.randint(0, 64, (2, 3)), torch.ones(2, 8, dtype=torch.int64), *past)
+    torch.onnx.export(model, args, str(out / "gpt2_kv.onnx"), input_names=["input_ids", "attention_mask"] + names,
+                      output_names=outs, dynamic_axes=axes, opset_version=17, dynamo=False)
+
+
 def main(out: Path) -> None:
     try:                                 # a torchvision built for another torch breaks
         import torchvision  # noqa: F401  transformers' import; these models do not need it
@@ -84,6 +124,7 @@ def main(out: Path) -> None:
     _text("distilbert", distil.eval(), out)
     gpt2 = GPT2Model(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64, use_cache=False))
     _text("gpt2", gpt2.eval(), out)
+    _decoder_with_cache(out)
     resnet = _ResNet().eval()
     torch.onnx.export(resnet, (torch.randn(2, 3, 32, 32),), str(out / "resnet.onnx"), input_names=["pixel_values"],
                       output_names=["logits"], dynamic_axes={"pixel_values": {0: "batch_size"},

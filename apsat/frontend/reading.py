@@ -97,6 +97,7 @@ def true_inputs(proto, overrides: dict, label: str, representatives: dict | None
     with a notice. `signature` gives each input's dims as ints and symbol names. An
     unknown dim (no name) or a missing shape is an error."""
     from apsat.frontend.symbols import choose, fixed_dims
+    from apsat.lang.dims import names_in
 
     inits = {i.name for i in proto.graph.initializer}
     declared = [vi for vi in proto.graph.input if vi.name not in inits]
@@ -106,14 +107,31 @@ def true_inputs(proto, overrides: dict, label: str, representatives: dict | None
                          f"which are not graph inputs (inputs: {sorted(vi.name for vi in declared)})")
     bound = _bound_dim_params(declared, overrides, label)
     signature = {vi.name: _declared_dims(vi, overrides, bound, label) for vi in declared}
-    names = list(dict.fromkeys(d for dims in signature.values() for d in dims if isinstance(d, str)))
+    names = list(dict.fromkeys(n for dims in signature.values() for d in dims if isinstance(d, str)
+                               for n in names_in(d)))
     symbols = choose(names, fixed_dims(proto), representatives or {}, file_prefix(label))
-    out = {name: tuple(symbols[d].value if isinstance(d, str) else d for d in dims)
+    out = {name: tuple(_value(d, symbols, label) if isinstance(d, str) else d for d in dims)
            for name, dims in signature.items()}
     notices = [f"symbolic dim {s.name!r} kept symbolic; the program is built at {s.value} "
                f"(--representative {s.name}=V to choose, --input-shape to fix it)"
                for s in symbols.values()]
     return out, notices, symbols, signature
+
+
+def _value(dim: str, symbols: dict, label: str) -> int:
+    """A symbolic dim's value at the representatives: a name's, or its expression's
+    (`past_sequence_length + sequence_length`)."""
+    from apsat.lang.dims import Dim, NotGeneral, is_expression, parse
+
+    if not is_expression(dim):
+        return symbols[dim].value
+    try:
+        value = parse(dim, {n: Dim.symbol(n, s.value) for n, s in symbols.items()}).rep
+    except NotGeneral as e:
+        raise ModelError(f"{file_prefix(label)}{e}") from None
+    if value <= 0:
+        raise ModelError(f"{file_prefix(label)}dim {dim!r} is {value} at the representative sizes")
+    return value
 
 
 def _declared_dims(vi, overrides: dict, bound: dict, label: str) -> tuple:

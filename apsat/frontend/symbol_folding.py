@@ -17,12 +17,14 @@ from apsat.frontend.folding import Const
 
 
 class SymbolFolding:
-    """The sizes that stand for symbols (representative values and their products), and
+    """The sizes that stand for symbols (representative values, their products and the
+    sums of two: a past length and a new one), and
     the Range outputs and weights generated at each size."""
 
     def __init__(self, values=()):
         values = list(values)
-        self.sizes: set[int] = set(values) | {a * b for a in values for b in values}
+        self.sizes: set[int] = set(values) | {a * b for a in values for b in values} \
+            | {a + b for i, a in enumerate(values) for b in values[i + 1:]}
         self._ranges: dict[str, tuple[float, float]] = {}
         self.generated: dict[str, tuple[float, float]] = {}  # weight name -> (start, delta)
 

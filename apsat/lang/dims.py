@@ -183,3 +183,44 @@ def is_symbolic(value) -> bool:
     if isinstance(value, tuple):
         return any(is_symbolic(v) for v in value)
     return False
+
+
+def parse(text: str, symbols: dict[str, "Dim"]):
+    """A dim_param as exporters write them: a name (`batch_size`) or an expression of
+    names and whole numbers with + - * (`past_sequence_length + sequence_length`, as
+    optimum's decoder exports). Returns the Dim over `symbols` (name -> Dim.symbol); a
+    name not in `symbols` raises KeyError; other text NotGeneral."""
+    import ast
+
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        raise NotGeneral(f"dim {text!r} is not a name or an expression of names") from None
+
+    def walk(node):
+        if isinstance(node, ast.Name):
+            return symbols[node.id]
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return Dim.of(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -walk(node.operand)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+            a, b = walk(node.left), walk(node.right)
+            return a + b if isinstance(node.op, ast.Add) else a - b if isinstance(node.op, ast.Sub) else a * b
+        raise NotGeneral(f"dim {text!r} is not a name or an expression of names with + - *")
+
+    return walk(tree)
+
+
+def names_in(text: str) -> list[str]:
+    """The symbol names a dim_param uses: itself when it is one name (any spelling ONNX
+    allows, `N`, `batch-size`), else the identifiers of its expression."""
+    import re
+
+    if not re.search(r"[+*]|\s-\s", text):
+        return [text]
+    return list(dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text)))
+
+
+def is_expression(text: str) -> bool:
+    return names_in(text) != [text]

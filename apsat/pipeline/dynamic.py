@@ -26,13 +26,13 @@ def runnable(model, source, input_shapes, representatives, seed: int):
     from apsat.pipeline.verify import run_oracle
     from apsat.pipeline.zoo import random_inputs
 
-    refused = []
+    refused, user = [], set(representatives or {})
     for _ in range(3):
         try:
             run_oracle(model.onnx, random_inputs(model, seed))
             break
         except ApsatError as e:
-            lower = smaller(model.symbols, fixed_dims(model.onnx), set(representatives or {}))
+            lower = smaller(model.symbols, fixed_dims(model.onnx), user)
             if not lower:
                 break                  # verification will say what onnxruntime said
             refused.append(", ".join(f"{s.name}={s.value}" for s in model.symbols.values())

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from apsat.errors import ShapeError
-from apsat.lang.dims import Dim, NotGeneral, at, is_symbolic, simplest
+from apsat.lang.dims import Dim, NotGeneral, at, is_symbolic, parse, simplest
 from apsat.lang.program import Program, apply_shape_rule
 from apsat.lang.term import Term
 
@@ -106,7 +106,9 @@ def generalise(program: Program, model) -> General:
     general = General(program, symbols)
     for name, dims in program.tensor_shapes.items():
         if name in model.signature:
-            general.tensor_dims[name] = tuple(syms[d] if isinstance(d, str) else d for d in model.signature[name])
+            general.tensor_dims[name] = tuple(simplest(parse(d, syms)) if isinstance(d, str) else d
+                                              for d in model.signature[name])
+            vocab.add((general.tensor_dims[name],))
         else:
             general.tensor_dims[name] = _weight_dims(name, dims, model.weights.get(name), vocab, general.fills,
                                                      model.generated.get(name))
@@ -115,7 +117,10 @@ def generalise(program: Program, model) -> General:
         args = _symbolic_args(term, shapes, vocab)
         if any(is_symbolic(a.args if isinstance(a, _Target) else a) for a in args if not isinstance(a, Term)):
             general.args[term] = args
-        shape = apply_shape_rule(term.op, args, shapes.__getitem__, general.tensor_dims)
+        try:
+            shape = apply_shape_rule(term.op, args, shapes.__getitem__, general.tensor_dims)
+        except ShapeError as e:
+            raise NotGeneral(f"{term.op}: with its sizes read symbolically, {e}") from None
         shape = tuple(tuple(simplest(d) for d in part) for part in shape)
         if at(shape, general.representative) != tuple(program.shape_of(term)):
             raise NotGeneral(f"{term.op}: symbolic shape {shape} does not give the program's "
@@ -214,53 +219,57 @@ def _bound(value: int, extent, vocab, where: str):
 
 
 def _reshape_target(src: tuple, target: tuple, reps: dict[str, int], where: str) -> tuple:
-    """The reshape target `target` (ints) of symbolic dims `src`, group by group."""
+    """The reshape target `target` (ints) of symbolic dims `src`, group by group: the
+    group's symbolic factors spread over its target dims (_spread)."""
     out: list = []
     for s_group, t_group in _groups(src, target):
         count = math.prod(s_group, start=Dim.of(1))
-        if not is_symbolic(count):
-            out.extend(t_group)
-            continue
-        dims: list = [None] * len(t_group)
-        rest = count
-        for j, v in enumerate(t_group):          # a symbolic dim that keeps its value
-            match = next((d for d in s_group if is_symbolic(d) and d.rep == v and _divides(d, rest)), None)
-            if match is not None:
-                dims[j], rest = match, _divide(rest, match, where)
-        open_ = [j for j, d in enumerate(dims) if d is None]
-        for j, d in zip(open_, _spread(rest, [t_group[j] for j in open_], reps, where)):
-            dims[j] = d
+        dims = _spread(s_group, list(t_group), reps, where) if is_symbolic(count) else list(t_group)
         if math.prod(dims, start=Dim.of(1)) != count:
             raise NotGeneral(f"{where}: target {t_group} does not keep the {count} elements of {s_group}")
         out.extend(simplest(d) for d in dims)
     return tuple(out)
 
 
-def _spread(rest: Dim, values: list[int], reps: dict[str, int], where: str) -> list:
-    """The monomial `rest` as one factor per target value: each symbol (representative
-    `reps`) goes to a dim whose value it divides, every dim keeping a whole constant;
-    exactly one such placement, or NotGeneral."""
-    if not is_symbolic(rest):
-        return list(values)
-    if len(rest.terms) != 1:
-        raise NotGeneral(f"{where}: {rest} is not a product of symbols")
-    (mono, coeff), = rest.terms.items()
-    factors = [s for s, e in mono for _ in range(e)]
+def _atoms(dims, reps: dict[str, int]) -> tuple[int, list]:
+    """(constant, factors): the dims as a whole number times symbolic factors that a
+    reshape cannot split further: each symbol of a monomial, a sum (`past + seq`) whole."""
+    constant, factors = 1, []
+    for d in dims:
+        d = Dim.of(d)
+        if d.is_const:
+            constant *= d.rep
+        elif len(d.terms) == 1:
+            (mono, c), = d.terms.items()
+            constant *= c
+            factors.extend(Dim.symbol(s, reps[s]) for s, e in mono for _ in range(e))
+        else:
+            g = math.gcd(*d.terms.values())
+            constant *= g
+            core = d // g
+            factors.append(Dim(core.terms, core.at(reps)))
+    return constant, factors
+
+
+def _spread(src: tuple, values: list[int], reps: dict[str, int], where: str) -> list:
+    """Target dims of values `values` for the symbolic dims `src` of the same element
+    count: each symbolic factor of `src` goes to a dim whose value its representative
+    divides, every dim keeping a whole constant; exactly one such placement, or NotGeneral."""
+    constant, factors = _atoms(src, reps)
     found = set()
     for places in product(range(len(values)), repeat=len(factors)):
         sym = [1] * len(values)
         for f, j in zip(factors, places):
-            sym[j] *= reps[f]
-        if all(v % p == 0 for v, p in zip(values, sym)) and math.prod(v // p for v, p in zip(values, sym)) == coeff:
-            found.add(tuple(sorted(zip(factors, places))))
+            sym[j] *= f.rep
+        if all(v % p == 0 for v, p in zip(values, sym)) and math.prod(v // p for v, p in zip(values, sym)) == constant:
+            found.add(tuple(sorted((repr(f), j) for f, j in zip(factors, places))))
     if len(found) != 1:
-        raise NotGeneral(f"{where}: cannot place {rest} on the target dims {tuple(values)}")
-    placed = found.pop()
-    out = []
-    for j, v in enumerate(values):
-        d = math.prod((Dim.symbol(f, reps[f]) for f, place in placed if place == j), start=Dim.of(1))
-        out.append(simplest((v // d.rep) * d))
-    return out
+        raise NotGeneral(f"{where}: cannot place the symbolic dims of {src} on the target dims {tuple(values)}")
+    placed = dict.fromkeys(range(len(values)), Dim.of(1))
+    for f, j in zip(factors, next(p for p in product(range(len(values)), repeat=len(factors))
+                                  if tuple(sorted((repr(f), j) for f, j in zip(factors, p))) in found)):
+        placed[j] = placed[j] * f
+    return [simplest((v // placed[j].rep) * placed[j]) for j, v in enumerate(values)]
 
 
 def _groups(src: tuple, target: tuple) -> list:

@@ -109,3 +109,30 @@ def test_real_zoo_dynamic_model_optimises_with_no_input_shape():
     by_size = {tuple(c["sizes"].values()): c for c in dyn["checks"]}
     assert by_size[(5, 5)]["ok"] and by_size[(1, 29)]["ok"] and by_size[(4, 29)]["ok"]
     assert "does not hold" in by_size[(5, 40)]["skipped"] or "does not run" in by_size[(5, 40)]["skipped"]
+
+
+def test_decoder_with_a_kv_cache_keeps_the_past_length_symbolic(tmp_path):
+    """GPT-2 with past keys and values as inputs, the mask over `past + sequence`: general,
+    one attention kernel a layer, checked at two past lengths, the export equal to the
+    original at past lengths 0, 1, 20 and 62 (positions up to 63 of 64)."""
+    import collections
+
+    res = optimize(DATA / "gpt2_kv.onnx", target="gpu")
+    dyn = res.report["dynamic"]
+    assert dyn["general"] and res.report["verification"]["ok"]
+    pasts = {c["sizes"]["past_sequence_length"] for c in dyn["checks"] if c.get("ok")}
+    assert {1, 9} <= pasts
+    kinds = collections.Counter(k["kind"] for k in res.report["gpu_kernels"]["kernels"])
+    assert kinds["attention"] == 2
+    proto = res.to_onnx(tmp_path / "out.onnx")
+    assert _dims(proto.graph.input[1]) == ["batch_size", "past_sequence_length + sequence_length"]
+    assert _dims(proto.graph.output[1]) == ["batch_size", 2, "past_sequence_length + sequence_length", 16]
+    rng = np.random.default_rng(2)
+    for batch, seq, past in [(1, 1, 9), (3, 5, 1), (3, 40, 20), (2, 1, 62), (1, 7, 0)]:
+        feeds = _feeds(batch, seq, rng)
+        feeds["attention_mask"] = (rng.random((batch, past + seq)) < 0.9).astype(np.int64)
+        for n in ("past_key_0", "past_value_0", "past_key_1", "past_value_1"):
+            feeds[n] = rng.standard_normal((batch, 2, past, 16)).astype(np.float32)
+        want, got = _run(DATA / "gpt2_kv.onnx", feeds), _run(tmp_path / "out.onnx", feeds)
+        for w, g in zip(want, got):
+            assert g.shape == w.shape and np.max(np.abs(g - w)) <= 1e-4 * (1 + np.max(np.abs(w))), (batch, seq, past)
