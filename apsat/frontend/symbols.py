@@ -146,16 +146,17 @@ def smaller(symbols: dict[str, Symbol], fixed: set[int], keep: set[str]) -> dict
 def probe_values(symbols: dict[str, Symbol], fixed: set[int]) -> dict[str, tuple[int, int, int]]:
     """Name -> (representative, second, third value): the sizes an export is made at to
     find how its sizes follow the symbols; primes distinct from each other and from the
-    model's fixed dims, as the representatives are."""
+    model's fixed dims, as the representatives are, below the representative where there
+    are such (a sequence may not go past the model's position table), else above it."""
     used = set(fixed) | {s.value for s in symbols.values()}
     out = {}
     for name, s in symbols.items():
-        picked = []
-        value = s.value
+        below = [v for v in range(s.value - 1, 1, -1) if _is_prime(v) and v not in used][:2]
+        picked, value = below, s.value
         while len(picked) < 2:
             value = _next_prime(value + 1)
             if value not in used:
                 picked.append(value)
-                used.add(value)
+        used.update(picked)
         out[name] = (s.value, picked[0], picked[1])
     return out

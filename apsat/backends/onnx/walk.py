@@ -43,7 +43,8 @@ class Walk:
         op, args, shape = t.op, t.args, self.shape(t)
         kids = [self.vals[c] for c in t.children()]
         b = self.b
-        if t in self.varying:          # a shape that follows a symbol: nodes, not a constant
+        if t in self.varying and op.startswith("access"):   # a view whose shape follows a symbol:
+            # a node on the constant, not a constant (products and convs keep their weights)
             kids = [tensor_val(dense(b, k), k.shape) if isinstance(k, Val) and k.is_const else k
                     for k in kids]
         if op in ("access-tensor", "opaque"):
