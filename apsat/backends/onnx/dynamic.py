@@ -19,25 +19,14 @@ else that differs between the exports is ExportError naming it.
 """
 from __future__ import annotations
 
-from itertools import combinations
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from apsat.backends.onnx.views import ExportError
+from apsat.lang.fit import FitError, corners, fit, text
 
 _INTS = (TensorProto.INT64, TensorProto.INT32)
-
-
-def corners(symbols: dict[str, tuple[int, int, int]]) -> list[tuple[frozenset, dict]]:
-    """(set of moved symbols, values) for each corner; symbols: name -> (rep, other, third)."""
-    names = list(symbols)
-    out = []
-    for k in range(len(names) + 1):
-        for moved in combinations(names, k):
-            out.append((frozenset(moved), {n: symbols[n][1 if n in moved else 0] for n in names}))
-    return out
 
 
 def dynamic_export(export_at, symbols: dict[str, tuple[int, int, int]], signature: dict) -> onnx.ModelProto:
@@ -79,25 +68,11 @@ def _init(graph, name: str) -> np.ndarray:
     return numpy_helper.to_array(next(i for i in graph.initializer if i.name == name))
 
 
-def _fit_values(values: list[np.ndarray], points, third: np.ndarray, third_values: dict) -> list[dict]:
-    """One polynomial per element ({frozenset(symbols): coefficient}), exact integers,
-    confirmed at the third point; ExportError otherwise."""
-    subsets = [moved for moved, _ in points]
-    names = sorted({n for _, v in points for n in v})
-    # basis: the product of the symbols in each set; rows: the corners
-    a = np.array([[np.prod([vals[n] for n in s], dtype=np.float64) for s in subsets] for _, vals in points])
-    y = np.stack([v.astype(np.float64).ravel() for v in values])
-    coef = np.linalg.solve(a, y)
-    rounded = np.rint(coef)
-    if not np.allclose(coef, rounded, atol=1e-6):
-        raise ExportError("a size in the export is not a polynomial in the symbolic dims")
-    polys = [{s: int(rounded[i, j]) for i, s in enumerate(subsets) if rounded[i, j]} for j in range(y.shape[1])]
-    for poly, want in zip(polys, third.ravel()):
-        got = sum(c * int(np.prod([third_values[n] for n in s])) for s, c in poly.items())
-        if got != int(want):
-            raise ExportError(f"a size in the export follows no polynomial in {', '.join(names)} "
-                              f"(fitted {_text(poly)}, {got} at the third size, not {int(want)})")
-    return polys
+def _fit_values(values, points, third, third_values) -> list[dict]:
+    try:
+        return fit(values, points, third, third_values)
+    except FitError as e:
+        raise ExportError(f"the export cannot keep the symbolic dims: {e}") from None
 
 
 def _fit_tensor(init, arrays, points, third, third_values):
@@ -128,15 +103,6 @@ def _output_dims(models, points, third, third_values) -> dict[str, list]:
         want = np.array([d.dim_value for d in third.graph.output[i].type.tensor_type.shape.dim])
         out[o.name] = _fit_values(shapes, points, want, third_values)
     return out
-
-
-def _text(poly: dict) -> str:
-    """A polynomial as an ONNX dim_param: `batch*seq*32 + 1`."""
-    parts = []
-    for s, c in sorted(poly.items(), key=lambda sc: (-len(sc[0]), sorted(sc[0]))):
-        names = "*".join(sorted(s))
-        parts.append(str(c) if not names else names if c == 1 else f"{names}*{c}")
-    return " + ".join(parts).replace("+ -", "- ") or "0"
 
 
 class _Prologue:
@@ -186,16 +152,16 @@ def _rewrite(graph, fits, symbols, signature, outputs) -> None:
     if missing:
         raise ExportError(f"symbolic dims {missing} are declared by no input")
     pro = _Prologue(symbols, signature)
-    for name, fit in fits.items():
-        kind = fit[0]
+    for name, how in fits.items():
+        kind = how[0]
         if kind == "ints":
-            pro.tensor(fit[2], fit[1], name, next(i for i in graph.initializer if i.name == name).data_type)
+            pro.tensor(how[2], how[1], name, next(i for i in graph.initializer if i.name == name).data_type)
         elif kind == "fill":
-            shape = pro._node("Concat", [pro.poly(p) for p in fit[3]], axis=0) if len(fit[3]) > 1 else pro.poly(fit[3][0])
-            value = helper.make_tensor("value", fit[1], [1], [fit[2]])
+            shape = pro._node("Concat", [pro.poly(p) for p in how[3]], axis=0) if len(how[3]) > 1 else pro.poly(how[3][0])
+            value = helper.make_tensor("value", how[1], [1], [how[2]])
             pro.nodes.append(helper.make_node("ConstantOfShape", [shape], [name], name=f"{name}_dyn", value=value))
         else:
-            _, elem, start, delta, dims = fit
+            _, elem, start, delta, dims = how
             length = pro.poly(dims[0])
             r = pro._node("Range", [_scalar(pro, 0), _squeeze(pro, length), _scalar(pro, 1)])
             scaled = pro._node("Cast", [r], to=elem)
@@ -220,7 +186,7 @@ def _rewrite(graph, fits, symbols, signature, outputs) -> None:
         for d, poly in zip(vi.type.tensor_type.shape.dim, outputs[vi.name]):
             if any(s for s in poly):
                 d.Clear()
-                d.dim_param = _text(poly)
+                d.dim_param = text(poly)
 
 
 def _scalar(pro: _Prologue, value: int) -> str:
