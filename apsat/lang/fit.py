@@ -28,13 +28,58 @@ def corners(symbols: dict[str, tuple[int, int, int]]) -> list[tuple[frozenset, d
 
 
 def value(poly: Poly, values: dict[str, int]) -> int:
-    return sum(c * int(np.prod([values[n] for n in s], dtype=np.int64)) for s, c in poly.items())
+    return sum(c * int(np.prod([_power(n, values) for n in s], dtype=np.int64)) for s, c in poly.items())
+
+
+def _power(name: str, values: dict[str, int]) -> int:
+    """A key's symbol's value: `seq` or `seq^2`."""
+    base, _, exp = name.partition("^")
+    return values[base] ** int(exp or 1)
 
 
 def fit(samples: list, points: list, third, third_values: dict) -> list[Poly]:
     """One polynomial per position of `samples` (one sequence of numbers per corner of
     `points`, as corners gives them), exact whole coefficients, confirmed by `third` (the
-    numbers at `third_values`); FitError otherwise."""
+    numbers at `third_values`); FitError otherwise. A number that no polynomial of degree
+    one in each symbol gives (a sequence squared: a mask's seq x seq elements) is fitted
+    by the sparsest sum of at most three monomials of degree two or less in each symbol
+    that gives it at every point (sparse_fit)."""
+    try:
+        return _multilinear(samples, points, third, third_values)
+    except FitError:
+        if len(points) + 1 < 5:
+            raise
+        columns = list(zip(*[np.asarray(v, dtype=np.float64).ravel() for v in samples]))
+        thirds = np.asarray(third, dtype=np.float64).ravel()
+        return [sparse_fit(list(col) + [t], [v for _, v in points] + [third_values]) for col, t in zip(columns, thirds)]
+
+
+def sparse_fit(numbers: list, values: list[dict]) -> Poly:
+    """The polynomial with the fewest (at most three) monomials, each of degree two or less
+    in every symbol, whole coefficients, that gives `numbers` at `values` exactly; at least
+    two points more than its terms, so that every fit is checked. FitError otherwise."""
+    from itertools import product as cartesian
+
+    names = sorted(values[0])
+    monos = [m for m in cartesian(range(3), repeat=len(names))]
+    col = {m: np.array([float(np.prod([v[n] ** e for n, e in zip(names, m)])) for v in values]) for m in monos}
+    y = np.asarray(numbers, dtype=np.float64)
+    for size in range(1, min(3, len(values) - 2) + 1):
+        for chosen in combinations(monos, size):
+            a = np.stack([col[m] for m in chosen], axis=1)
+            coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+            rounded = np.rint(coef)
+            if np.array_equal(a @ rounded, y) and np.all(rounded != 0):
+                return {_key(names, m): int(c) for m, c in zip(chosen, rounded)}
+    raise FitError(f"a size follows no polynomial in {', '.join(names)} (values {[int(n) for n in numbers]})")
+
+
+def _key(names, mono) -> frozenset:
+    """A monomial as the polynomial keys here: a frozenset of names, squares as `name^2`."""
+    return frozenset(n if e == 1 else f"{n}^2" for n, e in zip(names, mono) if e)
+
+
+def _multilinear(samples: list, points: list, third, third_values: dict) -> list[Poly]:
     subsets = [moved for moved, _ in points]
     a = np.array([[np.prod([vals[n] for n in s], dtype=np.float64) for s in subsets] for _, vals in points])
     y = np.stack([np.asarray(v, dtype=np.float64).ravel() for v in samples])
@@ -51,9 +96,10 @@ def fit(samples: list, points: list, third, third_values: dict) -> list[Poly]:
 
 
 def text(poly: Poly, name=lambda s: s) -> str:
-    """The polynomial as `batch*seq*32 + 1` (each symbol written by `name`)."""
+    """The polynomial as `batch*seq*32 + 1` (each symbol written by `name`, a square as
+    `seq*seq`)."""
     parts = []
     for s, c in sorted(poly.items(), key=lambda sc: (-len(sc[0]), sorted(sc[0]))):
-        names = "*".join(name(n) for n in sorted(s))
+        names = "*".join("*".join([name(n.partition("^")[0])] * int(n.partition("^")[2] or 1)) for n in sorted(s))
         parts.append(str(c) if not names else names if c == 1 else f"{names}*{c}")
     return " + ".join(parts).replace("+ -", "- ") or "0"

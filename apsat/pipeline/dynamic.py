@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from apsat.errors import ApsatError, ShapeError
-from apsat.lang.dims import NotGeneral
+from apsat.lang.dims import Dim, NotGeneral
 
 
 def runnable(model, source, input_shapes, representatives, seed: int):
@@ -125,3 +125,40 @@ def export_general(model, general, export) -> object:
         return export(program, m, varying)
 
     return dynamic_export(export_at, values, model.signature)
+
+
+def write_gpu_sources(result, out_dir) -> str:
+    """Replace the representative kernels and runner in `out_dir` by one set for every
+    size (gpu_sources); what the report says of them. The kernel figures and any CUDA C
+    builds stay those of the representative sizes."""
+    from pathlib import Path
+
+    try:
+        files = gpu_sources(result.model, result.general)
+    except NotGeneral as e:
+        return f"written for the representative sizes only: {e}"
+    for rel, text in files.items():
+        (Path(out_dir) / rel).write_text(text)
+    return ("one kernel set for every size: sizes are constexpr parameters computed from the "
+            "inputs' shapes (Triton compiles once per size); CUDA C builds for the representative sizes")
+
+
+def gpu_sources(model, general) -> dict[str, str]:
+    """The gpu target's kernels and runner for every size (apsat.backends.gpu.dynamic):
+    relative path -> text. NotGeneral where a kernel's code depends on the size."""
+    from apsat.backends.gpu.dynamic import general_sources
+    from apsat.backends.gpu.lower import lower
+    from apsat.frontend.symbols import fixed_dims, probe_values
+
+    def graph_at(values, tiles):
+        return lower(model_at(model, general, values)[1], tiles)
+
+    generated = {}
+    for name, (kind, *how) in general.fills.items():
+        if kind == "range":
+            (length,) = general.tensor_dims[name]
+            terms = Dim.of(length).terms
+            generated[name] = (how[0], how[1], [(tuple(s for s, e in mono for _ in range(e)), c)
+                                                for mono, c in terms.items()])
+    return general_sources(graph_at, probe_values(model.symbols, fixed_dims(model.onnx)), model.signature,
+                           generated)

@@ -100,6 +100,10 @@ class OptimizeResult:
         if self.backend is not None:
             written = self.backend.write(self.lowered, out_dir, compile=compile_kernels)
             report[self.backend.name] = {**report[self.backend.name], **written}
+            if self.general is not None and self.backend.name == "gpu_kernels":
+                from apsat.pipeline.dynamic import write_gpu_sources
+
+                report["dynamic"] = {**report["dynamic"], "gpu_kernels": write_gpu_sources(self, out_dir)}
         if self.backend_outputs is not None:
             import numpy as np
 

@@ -177,19 +177,23 @@ def _params(k: Kernel) -> list[str]:
 
 
 def _build(k: Kernel):
-    return {"elementwise": _elementwise, "gemm": _gemm, "reduce": _reduce,
-            "attention": _attention}[k.kind](k)
+    """(body lines, constexprs, grid, dialect, grid keys): a grid entry is ceil(size / tile)
+    for a key (size, tile), else the size, both named among the constexprs."""
+    lines, consts, keys, d = {"elementwise": _elementwise, "gemm": _gemm, "reduce": _reduce,
+                              "attention": _attention}[k.kind](k)
+    grid = tuple(-(-consts[a[0]] // consts[a[1]]) if len(a) == 2 else consts[a[0]] for a in keys)
+    return lines, consts, grid, d, keys
 
 
 def launch_plan(k: Kernel) -> dict:
     """{"grid": the launch grid, "constexprs": the compile-time parameters} of kernel k."""
-    _, constexprs, grid, _ = _build(k)
+    _, constexprs, grid, _, _ = _build(k)
     return {"grid": tuple(grid), "constexprs": constexprs}
 
 
 def kernel_source(k: Kernel) -> str:
     """The Triton source file of kernel k (see the module doc for its contents)."""
-    body, constexprs, grid, d = _build(k)
+    body, constexprs, grid, d, keys = _build(k)
     helpers = "\n\n".join(HELPERS[h] for h in sorted(d.helpers))
     params = _params(k) + [f"{c}: tl.constexpr" for c in constexprs]
     cover = ", ".join(k.covers) or k.kind
@@ -218,6 +222,7 @@ def kernel_source(k: Kernel) -> str:
         f"CONSTEXPRS = {constexprs!r}",
         f"SIGNATURE = {sig!r}",
         f"GRID = {tuple(grid)!r}",
+        f"GRID_KEYS = {keys!r}",
         f"NUM_WARPS = {warps}",
         *([f"NUM_STAGES = {stages}"] if stages else []),
         f"KERNEL = {k.name}",
@@ -231,10 +236,6 @@ def kernel_source(k: Kernel) -> str:
     ])
 
 
-def _cdiv(a, b):
-    return -(-a // b)
-
-
 def _elementwise(k: Kernel):
     dims = k.axes["o"]
     n = math.prod(dims)
@@ -245,7 +246,7 @@ def _elementwise(k: Kernel):
     vl, texts = emit(d, {"out": k.values["out"]}, {}, "v")
     lines += vl
     lines.append(f"tl.store(out_ptr + offs, {texts['out']}, mask=mask)")
-    return lines, {"N": n, "BLOCK": block}, (_cdiv(n, block),), d
+    return lines, {"N": n, "BLOCK": block}, (("N", "BLOCK"),), d
 
 
 def _gemm(k: Kernel):
@@ -283,7 +284,7 @@ def _gemm(k: Kernel):
     le, te = emit(d, {"out": k.values["out"]}, {"acc": "acc", **syms}, "ve")
     lines += le
     lines.append(f"tl.store(out_ptr + {d.ix(k.store)}, {te['out']}, mask=mask)")
-    return lines, consts, (_cdiv(m, bm), _cdiv(n, bn), bsz), d
+    return lines, consts, (("M", "BM"), ("N", "BN"), ("BATCH",)), d
 
 
 def _reduce(k: Kernel):
@@ -335,7 +336,7 @@ def _reduce(k: Kernel):
         lines += norm_rows(op, d, chunk, finish, k.eps)
     else:
         raise AssertionError(op)
-    return lines, {"ROWS": rows, "COLS": cols, "BR": br, "BC": bc}, (_cdiv(rows, br),), d
+    return lines, {"ROWS": rows, "COLS": cols, "BR": br, "BC": bc}, (("ROWS", "BR"),), d
 
 
 def _attention(k: Kernel):
@@ -396,4 +397,4 @@ def _attention(k: Kernel):
     full = "" if {"m0", "e0"} <= k.store.deps() else " + rm * 0 + re * 0"
     lines += le + [f"tl.store(out_ptr + {d.ix(k.store)}{full}, {te['out']}, mask=mask_o)"]
     consts = {"BATCH": bsz, "M": m, "N": n, "D": dd, "E": e, "BM": bm, "BN": bn, "BD": bd, "BE": be}
-    return lines, consts, (_cdiv(m, bm), bsz), d
+    return lines, consts, (("M", "BM"), ("BATCH",)), d

@@ -132,8 +132,10 @@ class _Prologue:
         total = None
         for s, c in sorted(poly.items(), key=lambda sc: sorted(sc[0])):
             term = self.const([c])
-            for n in sorted(s):
-                term = self._node("Mul", [term, self.sym[n]])
+            for n in sorted(s):                  # `seq^2` is seq twice
+                base, _, exp = n.partition("^")
+                for _ in range(int(exp or 1)):
+                    term = self._node("Mul", [term, self.sym[base]])
             total = term if total is None else self._node("Add", [total, term])
         return total or self.const([0])
 
