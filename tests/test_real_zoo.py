@@ -40,12 +40,14 @@ def test_real_zoo_model_verifies(name, target):
     assert_verified_without_host_steps(res.report, target)
 
 
-def test_symbolic_model_defaults_to_1_and_takes_other_shapes():
-    """distilbert_dynamic carries batch_size and sequence_length: they become 1 with a
-    notice each, or what --input-shape says; both runs equal onnxruntime."""
+def test_symbolic_model_keeps_its_symbols_and_takes_other_shapes():
+    """distilbert_dynamic carries batch_size and sequence_length: they stay symbolic, built
+    at batch 5 and, its position table having 32 rows, sequence 29 (127 and 61 do not
+    import: a notice says so), or at what --input-shape says; both runs equal onnxruntime."""
     path = ZOO / "distilbert_dynamic.onnx"
     model = apsat.load_onnx(path)
-    assert set(model.inputs.values()) == {(1, 1)} and len(model.notices) == 4
+    assert set(model.inputs.values()) == {(5, 29)} and set(model.symbols) == {"batch_size", "sequence_length"}
+    assert "does not import with its symbolic dims at batch_size=5, sequence_length=127" in model.notices[-1]
     model = apsat.load_onnx(path, input_shapes={"input_ids": (2, 5)})
     assert model.inputs == {"input_ids": (2, 5), "attention_mask": (2, 5)}
     rng = np.random.default_rng(0)

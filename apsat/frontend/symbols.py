@@ -104,17 +104,27 @@ def fixed_dims(proto) -> set[int]:
         t = vi.type.tensor_type
         if t.HasField("shape"):
             dims.update(int(d.dim_value) for d in t.shape.dim if d.HasField("dim_value"))
-    for init in g.initializer:          # shape-like integer tensors: Reshape targets, Slice ends
-        if init.data_type == onnx.TensorProto.INT64 and 0 < _elements(init) <= 16:
-            dims.update(abs(int(v)) for v in numpy_helper.to_array(init).ravel())
-    for node in g.node:                 # and whole numbers among small constants (a scale of 8.0)
-        if node.op_type == "Constant":
-            for a in node.attribute:
-                if a.name == "value" and 0 < _elements(a.t) <= 16:
-                    values = numpy_helper.to_array(a.t).ravel()
-                    if values.dtype.kind in "iuf":
-                        dims.update(abs(int(v)) for v in values if np.isfinite(v) and float(v).is_integer())
+    small = [init for init in g.initializer          # shape-like: Reshape targets, Slice ends
+             if init.data_type == onnx.TensorProto.INT64 and 0 < _elements(init) <= 16]
+    small += [a.t for node in g.node if node.op_type == "Constant" for a in node.attribute
+              if a.name == "value" and 0 < _elements(a.t) <= 16]    # and scales such as 8.0
+    for t in small:
+        dims.update(_whole_numbers(t))
     return dims - {0, 1}
+
+
+def _whole_numbers(t) -> set[int]:
+    """The whole numbers a small tensor holds; none where its data is external or does not
+    match its dims (the importer names that problem later)."""
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        return set()
+    try:
+        values = numpy_helper.to_array(t).ravel()
+    except (ValueError, TypeError):
+        return set()
+    if values.dtype.kind not in "iuf":
+        return set()
+    return {abs(int(v)) for v in values if np.isfinite(v) and float(v).is_integer()}
 
 
 def _elements(t) -> int:
