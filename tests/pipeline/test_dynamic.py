@@ -109,6 +109,14 @@ def test_real_zoo_dynamic_model_optimises_with_no_input_shape():
     by_size = {tuple(c["sizes"].values()): c for c in dyn["checks"]}
     assert by_size[(5, 5)]["ok"] and by_size[(1, 29)]["ok"] and by_size[(4, 29)]["ok"]
     assert "does not hold" in by_size[(5, 40)]["skipped"] or "does not run" in by_size[(5, 40)]["skipped"]
+    proto = res.to_onnx()
+    rng = np.random.default_rng(3)
+    for batch, seq in [(1, 5), (3, 17), (2, 32)]:
+        feeds = {"input_ids": rng.integers(0, 128, (batch, seq)).astype(np.int64),
+                 "attention_mask": (rng.random((batch, seq)) < 0.8).astype(np.int64)}
+        (want,), (got,) = _run(DATA.parent / "real_zoo" / "distilbert_dynamic.onnx", feeds), \
+            _run(proto.SerializeToString(), feeds)
+        assert np.max(np.abs(got - want)) <= 1e-4 * (1 + np.max(np.abs(want))), (batch, seq)
 
 
 def test_decoder_with_a_kv_cache_keeps_the_past_length_symbolic(tmp_path):
