@@ -123,7 +123,7 @@ def _value(dim: str, symbols: dict, label: str) -> int:
     (`past_sequence_length + sequence_length`)."""
     from apsat.lang.dims import Dim, NotGeneral, is_expression, parse
 
-    if not is_expression(dim):
+    if dim in symbols or not is_expression(dim):
         return symbols[dim].value
     try:
         value = parse(dim, {n: Dim.symbol(n, s.value) for n, s in symbols.items()}).rep

@@ -106,8 +106,8 @@ def generalise(program: Program, model) -> General:
     general = General(program, symbols)
     for name, dims in program.tensor_shapes.items():
         if name in model.signature:
-            general.tensor_dims[name] = tuple(simplest(parse(d, syms)) if isinstance(d, str) else d
-                                              for d in model.signature[name])
+            general.tensor_dims[name] = tuple(d if not isinstance(d, str) else syms[d] if d in syms
+                                              else simplest(parse(d, syms)) for d in model.signature[name])
             vocab.add((general.tensor_dims[name],))
         else:
             general.tensor_dims[name] = _weight_dims(name, dims, model.weights.get(name), vocab, general.fills,

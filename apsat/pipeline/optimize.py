@@ -29,6 +29,7 @@ class OptimizeResult:
     backend: object = None
     backend_outputs: dict | None = None
     general: object = None             # apsat.pipeline.generalise.General: symbolic dims kept
+    export_note: str | None = None     # set by to_onnx where the export fixes the symbolic dims
 
     @property
     def stream(self):
@@ -62,10 +63,16 @@ class OptimizeResult:
                 "apsat_rules": ",".join(map(str, r.get("rules") or [])) or "default plan",
                 "apsat_extractor": (r.get("extraction") or {}).get("method", ""),
                 "apsat_input_dims": json.dumps({n: list(d) for n, d in self.model.inputs.items()})}
+        self.export_note = None
         if self.general is not None:
+            from apsat.backends.onnx.views import ExportError
             from apsat.pipeline.dynamic import export_general
 
-            proto = export_general(self.model, self.general, lambda p, m, v: export_onnx(p, m, meta, v))
+            try:
+                proto = export_general(self.model, self.general, lambda p, m, v: export_onnx(p, m, meta, v))
+            except ExportError as e:   # the program is general, its export is not: fixed sizes, said
+                self.export_note = f"symbolic dims fixed at the representative sizes: {e}"
+                proto = export_onnx(self.program, self.model, {**meta, "apsat_dynamic": self.export_note})
         else:
             proto = export_onnx(self.program, self.model, meta)
         if path is not None:
@@ -96,7 +103,8 @@ class OptimizeResult:
             ops: dict[str, int] = {}
             for node in proto.graph.node:
                 ops[node.op_type] = ops.get(node.op_type, 0) + 1
-            report["onnx_out"] = {"path": str(path), "nodes": len(proto.graph.node), "ops": ops}
+            report["onnx_out"] = {"path": str(path), "nodes": len(proto.graph.node), "ops": ops,
+                                  **({"dynamic": self.export_note} if self.export_note else {})}
         if self.backend is not None:
             written = self.backend.write(self.lowered, out_dir, compile=compile_kernels)
             report[self.backend.name] = {**report[self.backend.name], **written}

@@ -144,3 +144,23 @@ def test_decoder_with_a_kv_cache_keeps_the_past_length_symbolic(tmp_path):
         want, got = _run(DATA / "gpt2_kv.onnx", feeds), _run(tmp_path / "out.onnx", feeds)
         for w, g in zip(want, got):
             assert g.shape == w.shape and np.max(np.abs(g - w)) <= 1e-4 * (1 + np.max(np.abs(w))), (batch, seq, past)
+
+
+@pytest.mark.parametrize("dim, kept, built", [("batch size", "batch size", 5), ("N-1", "N-1", 31),
+                                              ("2*N", 10, 10)])
+def test_dim_params_as_exporters_spell_them(dim, kept, built, tmp_path):
+    """A name with a space or a dash is one symbol; an expression of a symbol that no input
+    declares alone builds, and its export fixes the size, saying so (report onnx_out)."""
+    import json
+
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [dim, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [dim, 3])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, target="gpu")
+    assert res.model.inputs == {"x": (built, 3)} and res.report["verification"]["ok"]
+    report = json.loads(res.write(tmp_path, compile_kernels=False, onnx_out=True).read_text())
+    assert _dims(onnx.load(str(tmp_path / "optimized.onnx")).graph.input[0]) == [kept, 3]
+    assert ("dynamic" in report["onnx_out"]) == (kept != dim)
