@@ -124,3 +124,26 @@ def check_inputs(arrays: dict, model, where: str) -> dict[str, np.ndarray]:
             raise ApsatError(f"{where}: input {name!r} is {arr.dtype}, the model takes {want}")
         out[name] = arr.astype(want, copy=False)
     return out
+
+
+def given_shapes(inputs, model) -> dict | None:
+    """The dims of the user's inputs (arrays or an .npz) that are the model's graph inputs:
+    they fix the symbolic dims, as an example input does for torch.compile; None when none
+    are given."""
+    if inputs is None or hasattr(model, "program"):
+        return None
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+    names = {vi.name for vi in proto.graph.input} - {i.name for i in proto.graph.initializer}
+    return {k: v for k, v in (_array_shapes(inputs) or {}).items() if k in names} or None
+
+
+def _array_shapes(inputs) -> dict | None:
+    """Name -> dims of the arrays given (a dict or an .npz path); None for a file that
+    does not read."""
+    if isinstance(inputs, (str, Path)):
+        try:
+            with np.load(inputs, allow_pickle=False) as data:
+                return {k: data[k].shape for k in data.files}
+        except (OSError, ValueError):
+            return None                # load_inputs says what is wrong with the file
+    return {k: np.shape(v) for k, v in dict(inputs).items()}

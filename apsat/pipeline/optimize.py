@@ -213,8 +213,10 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
         raise ApsatError(f"lowering options apply to systolic targets, not {target!r}")
     backend.check_options(lowering or {})
     seconds: dict[str, float] = {"setup": time.perf_counter() - start}
+    from apsat.pipeline.inputs import given_shapes
+
     shapes, representatives = input_shapes
-    m, eg, handles, loaded = _load(model, target, tell, seconds, shapes or _shapes_of(inputs, model),
+    m, eg, handles, loaded = _load(model, target, tell, seconds, shapes or given_shapes(inputs, model),
                                    representatives, seed if verify and inputs is None else None)
     given = _given_inputs(inputs, m)
     saturation = _saturate(eg, m, rules, regions, tell, seconds, **limits)
@@ -244,30 +246,6 @@ def _timed(phase: str, tell, seconds: dict, fn, *args):
     out = fn(*args)
     seconds[phase] = time.perf_counter() - t
     return out
-
-
-def _shapes_of(inputs, model) -> dict | None:
-    """The dims of the user's inputs (arrays or an .npz) that are the model's graph inputs:
-    they fix the symbolic dims, as an example input does for torch.compile; None when none
-    are given."""
-    import numpy as np
-    import onnx
-
-    if inputs is None or hasattr(model, "program"):
-        return None
-    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
-    names = {vi.name for vi in proto.graph.input} - {i.name for i in proto.graph.initializer}
-    return {k: v for k, v in (_array_shapes(inputs) or {}).items() if k in names} or None
-
-
-def _array_shapes(inputs) -> dict | None:
-    if isinstance(inputs, (str, Path)):
-        try:
-            with np.load(inputs, allow_pickle=False) as data:
-                return {k: data[k].shape for k in data.files}
-        except (OSError, ValueError):
-            return None                # load_inputs says what is wrong with the file
-    return {k: np.shape(v) for k, v in dict(inputs).items()}
 
 
 def _given_inputs(inputs, m) -> dict | None:
