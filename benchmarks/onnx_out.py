@@ -217,9 +217,10 @@ def measure_dynamic(entry: dict, runs: int = 20, warmup: int = 5, min_seconds: f
     except Exception as e:  # noqa: BLE001 - the model's one row says why
         return [{"model": entry["name"], "zoo": entry["zoo"], "status": f"error: {one_line(e)}"}]
     rows = []
+    nodes = {"nodes_orig": len(proto.graph.node), "nodes_ort_ext": ort_nodes(proto, "extended"),
+             "nodes_ort_all": ort_nodes(proto, "all"), "nodes_export": len(export.graph.node)}
     for values in dynamic_sizes(res.model.symbols):
-        row = {"model": f"{entry['name']}@{'x'.join(map(str, values.values()))}", "zoo": entry["zoo"],
-               "nodes_orig": len(proto.graph.node), "nodes_export": len(export.graph.node)}
+        row = {"model": f"{entry['name']}@{'x'.join(map(str, values.values()))}", "zoo": entry["zoo"], **nodes}
         status = checker_status(export)
         try:
             at = model_at(res.model, res.general, values)[0]
