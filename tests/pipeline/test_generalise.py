@@ -65,3 +65,15 @@ def test_roles_and_representatives_avoid_the_models_fixed_dims():
     assert symbols["batch"].value == 5 and symbols["seq"].value == 137
     probes = probe_values(symbols, {7})
     assert probes["batch"][0] == 5 and len({v for p in probes.values() for v in p}) == 6 and 7 not in probes["batch"]
+
+
+def test_a_mismatch_at_another_size_fails_verification_and_a_narrow_program_is_a_notice():
+    from apsat.pipeline.dynamic import fold_into
+
+    report = {"verification": {"ok": True}, "notices": []}
+    fold_into(report, {"general": True, "checks": [{"sizes": {"s": 5}, "ok": True},
+                                                   {"sizes": {"s": 40}, "ok": False},
+                                                   {"sizes": {"s": 9}, "skipped": "past the table"}]})
+    assert report["verification"] == {"ok": False, "failed_at_sizes": [{"s": 40}]}
+    fold_into(report, {"general": False, "why": "access-windows: a stride of (2,)"})
+    assert "holds only at the representative sizes (access-windows" in report["notices"][-1]
