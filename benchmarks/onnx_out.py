@@ -330,8 +330,9 @@ def main(argv=None) -> int:
     is not ok."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("filters", nargs="*", help="model name substrings (default: all)")
-    parser.add_argument("--zoo", choices=("light", "real", "dynamic", "all"), default="all",
-                        help="dynamic: models with symbolic dims, one export timed at three sizes")
+    parser.add_argument("--zoo", choices=("light", "real", "dynamic", "full", "all"), default="all",
+                        help="dynamic: models with symbolic dims, one export timed at three sizes; "
+                             "full: ResNet-50, ViT-B/16, BERT-base at full size (onnx_out_full.py)")
     parser.add_argument("--runs", type=int, default=20, help="timed runs per session, at least (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
     parser.add_argument("--min-seconds", type=float, default=1.0, metavar="S",
@@ -341,6 +342,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 1 or args.warmup < 0:
         parser.error("--runs must be at least 1 and --warmup not negative")
+    if args.zoo == "full":
+        from onnx_out_full import main as full_size
+
+        return full_size(list(args.filters) + ["--runs", str(args.runs)])
     entries = models(args.filters, args.zoo)
     if not entries:
         parser.error("no model matches the filters")
