@@ -40,6 +40,8 @@ class SymbolFolding:
             return False
         for name in node.output:
             v = env.get(name) if name else None
+            if isinstance(v, Const) and _shape_vector(v.value):
+                continue                 # a shape or index list whose length is a rank
             if isinstance(v, Const) and self.sizes & set(np.shape(v.value)):
                 flat = np.asarray(v.value).ravel()
                 if lowers and flat.size and not np.all(flat == flat[0]):
@@ -52,3 +54,11 @@ class SymbolFolding:
         """The folded value `value_name` became weight `weight_name`: generated if a Range."""
         if value_name in self._ranges:
             self.generated[weight_name] = self._ranges[value_name]
+
+
+def _shape_vector(value) -> bool:
+    """A 1-D integer tensor of at most 8 elements: a shape, axes or a slice's bounds, whose
+    length is a rank (5 for a (batch, tokens, 3, heads, width) reshape), never a size that
+    stands for a symbol."""
+    a = np.asarray(value)
+    return a.ndim == 1 and a.dtype.kind in "iu" and a.size <= 8

@@ -75,6 +75,10 @@ def dynamic_report(model, program, seed: int, verify: bool):
     report["general"] = True
     if verify:
         report["checks"] = [_check(model, general, values, seed) for values in sizes_to_check(model.symbols)[1:]]
+        wrong = next((c for c in report["checks"] if "not_general" in c), None)
+        if wrong is not None:          # the original runs there and the program does not hold
+            report.update(general=False, why=f"at {wrong['sizes']}: {wrong.pop('not_general')}")
+            return None, report
     return general, report
 
 
@@ -92,21 +96,25 @@ def fold_into(report: dict, dynamic: dict) -> None:
 
 
 def _check(model, general, values: dict, seed: int) -> dict:
-    """One size: the general program against onnxruntime on the original."""
+    """One size: the general program against onnxruntime on the original. `skipped` where
+    the original does not run there; `not_general` where it does and the program does not
+    hold there (a size read wrongly as a constant)."""
+    from apsat.lang.dims import at
     from apsat.pipeline.verify import run_oracle, verify_program
     from apsat.pipeline.zoo import random_inputs
 
     entry = {"sizes": values}
+    dims = {n: at(d, values) for n, d in general.tensor_dims.items() if n in model.signature}
+    inputs = random_inputs(dataclasses.replace(model, inputs=dims), seed)
+    try:
+        oracle = run_oracle(model.onnx, inputs)
+    except ApsatError as e:
+        entry["skipped"] = f"the original does not run at these sizes: {e}"
+        return entry
     try:
         m, program, _ = model_at(model, general, values)
     except ShapeError as e:
-        entry["skipped"] = f"the program does not hold at these sizes: {e}"
-        return entry
-    inputs = random_inputs(m, seed)
-    try:
-        oracle = run_oracle(m.onnx, inputs)
-    except ApsatError as e:
-        entry["skipped"] = f"the original does not run at these sizes: {e}"
+        entry["not_general"] = f"the program does not hold at sizes the original takes: {e}"
         return entry
     entry.update(verify_program(m, program, inputs, oracle=oracle).to_dict())
     return entry
@@ -121,7 +129,12 @@ def export_general(model, general, export) -> object:
     values = probe_values(model.symbols, fixed_dims(model.onnx))
 
     def export_at(vals):
-        m, program, varying = model_at(model, general, vals)
+        from apsat.backends.onnx.views import ExportError
+
+        try:
+            m, program, varying = model_at(model, general, vals)
+        except ShapeError as e:       # a probe size the program does not take
+            raise ExportError(f"the program does not hold at {vals}: {e}") from None
         return export(program, m, varying)
 
     return dynamic_export(export_at, values, model.signature)
