@@ -122,6 +122,17 @@ class NodeCtx:
         """A constant this lowering needs (e.g. AveragePool's counts) as a named weight."""
         return self._state.add_weight(f"{self.node.output[0]}__{suffix}", array)
 
+    def follows_symbol(self, n: int) -> bool:
+        """Whether a size stands for a symbolic dim (apsat.frontend.symbol_folding): what
+        the lowering builds of that size must then be computed, not a constant."""
+        return n in self._state.symbolic.sizes
+
+    def add_range(self, suffix: str, n: int):
+        """0, 1, ..., n-1 as a weight made afresh at every size (a generated Range)."""
+        t = self.add_weight(suffix, np.arange(n, dtype=np.float32))
+        self._state.symbolic.generated[t.args[0]] = (0.0, 1.0)
+        return t
+
 
 # ---- elementwise ----------------------------------------------------------------------------
 

@@ -114,7 +114,23 @@ def lower_gather_elements(ctx):
         along = np.asarray(indices, np.int64) % dims[axis]
         return [_flat_gather(ctx, ctx.term(0), dims, fixed + along * strides[axis])]
     along = _wrapped(ctx, ctx.term(1), dims[axis])
+    if any(ctx.follows_symbol(d) for d in idims):      # positions computed, sized by the symbol
+        fixed = _positions(ctx, idims, strides, axis)
     return [_flat_gather(ctx, ctx.term(0), dims, _linear(ctx, [along, fixed], [strides[axis], 1]))]
+
+
+def _positions(ctx, dims: tuple, strides: list, skip: int):
+    """sum over axes k != skip of (index along k) * strides[k], broadcast to `dims`, as a
+    term built on generated Ranges (its size follows a symbolic dim)."""
+    b, total = ctx.b, None
+    for k, (n, s) in enumerate(zip(dims, strides)):
+        if k == skip or n == 1:
+            continue
+        shape = tuple(n if j == k else 1 for j in range(len(dims)))
+        t = b.broadcast(b.reshape(ctx.add_range(f"positions{k}", n), shape), dims)
+        t = b.elementwise("elementwise-mul", [t, b.literal(float(s))]) if s != 1 else t
+        total = t if total is None else b.elementwise("elementwise-add", [total, t])
+    return total if total is not None else b.broadcast(b.reshape(b.literal(0.0), (1,) * len(dims)), dims)
 
 
 def lower_gather_nd(ctx):
@@ -199,6 +215,13 @@ def lower_cumsum(ctx):
     r = len(dims)
     perm, back = axis_last(r, axis)
     x = b.transpose(ctx.term(0), perm)
-    tri = ctx.add_weight("triangle", counts.astype(np.float32))
+    if ctx.follows_symbol(n):          # the triangle's size follows a symbol: computed
+        iota = ctx.add_range("positions", n)
+        i_, j_ = b.broadcast(b.reshape(iota, (1, n)), (n, n)), b.broadcast(b.reshape(iota, (n, 1)), (n, n))
+        op = {(True, False): "greater-equal", (False, False): "less-equal",
+              (True, True): "greater", (False, True): "less"}[(reverse, exclusive)]
+        tri = b.elementwise(op, [i_, j_])
+    else:
+        tri = ctx.add_weight("triangle", counts.astype(np.float32))
     y = b.compute("dot-product", b.make("access-cartesian-product", b.at(x, r - 1), b.at(tri, 1)))
     return [b.transpose(y, back)]

@@ -49,6 +49,10 @@ def dynamic_export(export_at, symbols: dict[str, tuple[int, int, int]], signatur
     out = onnx.ModelProto()
     out.CopyFrom(base)
     _rewrite(out.graph, fits, symbols, signature, _output_dims(models, points, third, third_values))
+    out.graph.value_info.extend(_value_infos(models, points, third, third_values, set(fits)))
+    from apsat.backends.onnx.export import check
+
+    check(out)              # onnx.checker with shape inference, over the symbolic dims too
     return out
 
 
@@ -102,6 +106,31 @@ def _output_dims(models, points, third, third_values) -> dict[str, list]:
         shapes = [np.array([d.dim_value for d in m.graph.output[i].type.tensor_type.shape.dim]) for m in models]
         want = np.array([d.dim_value for d in third.graph.output[i].type.tensor_type.shape.dim])
         out[o.name] = _fit_values(shapes, points, want, third_values)
+    return out
+
+
+def _value_infos(models, points, third, third_values, skip: set) -> list:
+    """The intermediate values' shapes as onnx infers them in each export, fitted: dims
+    that follow the symbols as dim_params (`batch_size*sequence_length`). onnxruntime's
+    own inference knows no dim after a Reshape whose shape is computed at run time, and
+    Attention's gives a width of 0 then; these give it the shapes back."""
+    inferred = [{v.name: v for v in onnx.shape_inference.infer_shapes(m).graph.value_info}
+                for m in models + [third]]
+    out = []
+    for name, vi in inferred[0].items():
+        if name in skip or any(name not in i or not i[name].type.tensor_type.HasField("shape")
+                               for i in inferred):
+            continue                   # a value onnx knows no shape of: left for onnxruntime
+        dims = [[d.dim_value if d.HasField("dim_value") else None for d in i[name].type.tensor_type.shape.dim]
+                for i in inferred]
+        if len({len(d) for d in dims}) != 1 or any(None in d for d in dims):
+            continue
+        try:
+            polys = fit([np.array(d) for d in dims[:-1]], points, np.array(dims[-1]), third_values)
+        except FitError:
+            continue                   # a size no polynomial gives: left for onnxruntime to infer
+        shape = [text(p) if any(p) else p.get(frozenset(), 0) for p in polys]
+        out.append(helper.make_tensor_value_info(name, vi.type.tensor_type.elem_type, shape))
     return out
 
 
