@@ -128,9 +128,18 @@ def lower_argmax(ctx):
     x = ctx.term(0) if ctx.op == "ArgMax" else b.compute("negative", ctx.term(0))
     n = dims[axis]
     d = b.elementwise("elementwise-sub", [x, reduce_axes(b, x, [axis], "reduce-max", True)])
-    index = np.arange(n, dtype=np.float32).reshape([n if i == axis else 1 for i in range(len(dims))])
+    shape = [n if i == axis else 1 for i in range(len(dims))]
+
+    def indices(negated: bool):
+        """0..n-1 along the axis (negated): a generated Range where n follows a symbol."""
+        if ctx.follows_symbol(n):
+            t = b.reshape(ctx.add_range("index", n), tuple(shape))
+            return b.compute("negative", t) if negated else t
+        index = np.arange(n, dtype=np.float32).reshape(shape)
+        return ctx.add_weight("neg_index" if negated else "index", -index if negated else index)
+
     if last:
-        chosen = b.select(d, b.literal(-1.0), ctx.add_weight("index", index))
+        chosen = b.select(d, b.literal(-1.0), indices(False))
         return [reduce_axes(b, chosen, [axis], "reduce-max", keepdims)]
-    chosen = b.select(d, b.literal(-float(n)), ctx.add_weight("neg_index", -index))
+    chosen = b.select(d, b.literal(-float(n)), indices(True))
     return [b.compute("negative", reduce_axes(b, chosen, [axis], "reduce-max", keepdims))]

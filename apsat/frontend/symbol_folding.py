@@ -32,8 +32,8 @@ class SymbolFolding:
         """After `node` folded into `env`: whether an output has a symbol's size and more
         than one value, and the node has a lowering (`lowers`): its outputs are then
         taken out of `env` for the importer to lower the node instead."""
-        if not self.sizes:
-            return False
+        if not self.sizes or not any(node.input):
+            return False                 # a Constant node's value is the model's, whatever its size
         if node.op_type == "Range" and self.sizes & set(np.shape(env[node.output[0]].value)):
             start, _, delta = (float(np.asarray(env[n].value).reshape(-1)[0]) for n in node.input)
             self._ranges[node.output[0]] = (start, delta)

@@ -116,7 +116,10 @@ def _check(model, general, values: dict, seed: int) -> dict:
     except ShapeError as e:
         entry["not_general"] = f"the program does not hold at sizes the original takes: {e}"
         return entry
-    entry.update(verify_program(m, program, inputs, oracle=oracle).to_dict())
+    try:
+        entry.update(verify_program(m, program, inputs, oracle=oracle).to_dict())
+    except ApsatError as e:            # the program at these sizes does not run
+        entry["not_general"] = f"the program does not run at sizes the original takes: {e}"
     return entry
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from apsat.errors import ShapeError
+from apsat.frontend.symbols import fixed_dims
 from apsat.lang.dims import Dim, NotGeneral, at, is_symbolic, parse, simplest
 from apsat.lang.program import Program, apply_shape_rule
 from apsat.lang.term import Term
@@ -90,10 +91,14 @@ class General:
 
 
 def _concrete(arg, values, rebuilt):
+    """One argument at `values`: a child rebuilt, sizes evaluated, an opaque call's tuple
+    of children item by item."""
     if isinstance(arg, Term):
         return rebuilt.get(arg, arg)
     if isinstance(arg, _Target):
         return Term("access-shape", at(arg.args, values))
+    if isinstance(arg, tuple) and any(isinstance(a, Term) for a in arg):
+        return tuple(_concrete(a, values, rebuilt) for a in arg)
     return at(arg, values)
 
 
@@ -102,7 +107,7 @@ def generalise(program: Program, model) -> General:
     size in it holds only at the representative values."""
     symbols = model.symbols
     syms = {name: Dim.symbol(name, s.value) for name, s in symbols.items()}
-    vocab = _Vocabulary(syms.values())
+    vocab = _Vocabulary(syms.values(), fixed_dims(model.onnx) if getattr(model, "onnx", None) else set())
     general = General(program, symbols)
     for name, dims in program.tensor_shapes.items():
         if name in model.signature:
@@ -114,6 +119,8 @@ def generalise(program: Program, model) -> General:
                                                      model.generated.get(name))
     shapes: dict[Term, tuple] = {}
     for term in program.terms():
+        if term.op == "opaque":
+            _opaque_constants(term, program, vocab)
         args = _symbolic_args(term, shapes, vocab)
         if any(is_symbolic(a.args if isinstance(a, _Target) else a) for a in args if not isinstance(a, Term)):
             general.args[term] = args
@@ -132,12 +139,23 @@ def generalise(program: Program, model) -> General:
     return general
 
 
+def _opaque_constants(term: Term, program: Program, vocab) -> None:
+    """An opaque call (onnxruntime runs its ONNX node) keeps its constant inputs as
+    imported: one sized by a symbol fixes the call to the representative sizes."""
+    node = program.opaque_nodes.get(term.args[0])
+    for arr in (node.constants.values() if node else ()):
+        if any(d > 1 and d in vocab.by_value for d in np.shape(arr)):
+            raise NotGeneral(f"opaque call {term.args[0]!r} holds a constant of shape {np.shape(arr)}, "
+                             "sized by the symbolic dims")
+
+
 class _Vocabulary:
     """The symbolic dims seen so far, by representative value: what a size that states a
     value (a broadcast target, a slice bound) can be besides a constant."""
 
-    def __init__(self, symbols):
+    def __init__(self, symbols, fixed=frozenset()):
         symbols = list(symbols)
+        self.fixed = set(fixed) - {s.rep for s in symbols}
         self.reps = {next(iter(s.symbols())): s.rep for s in symbols}
         self.by_value: dict[int, set] = {}
         for i, a in enumerate(symbols):
@@ -155,9 +173,11 @@ class _Vocabulary:
                     self._put(d)
 
     def read(self, value: int, where: str):
-        """`value` as the one symbolic dim with that value, else as the int."""
+        """`value` as the one symbolic dim with that value, else as the int: a fixed size of
+        the model (a width of 512) stays a constant even where an expression of the symbols
+        has that value too (128 * (batch - 1) at batch 5)."""
         found = self.by_value.get(value)
-        if not found:
+        if not found or value in self.fixed:
             return value
         if len(found) > 1:
             raise NotGeneral(f"{where}: size {value} could be any of {sorted(map(repr, found))}")
@@ -201,8 +221,8 @@ def _symbolic_args(term: Term, shapes: dict, vocab: _Vocabulary) -> tuple:
         return (args[0], axis, _bound(lo, extent, vocab, op), _bound(hi, extent, vocab, op))
     if op == "access-literal":     # a size computed into a value (an index stride, a count)
         v = args[0]
-        if float(v).is_integer() and v > 1:
-            return (simplest(vocab.read(int(v), op)),)
+        if float(v).is_integer() and abs(v) > 1:         # -n: an index counted from the end
+            return (simplest(vocab.read(int(v), op)) if v > 0 else -simplest(vocab.read(int(-v), op)),)
     if op == "opaque":
         return args[:2] + (tuple(simplest(vocab.read(d, op)) for d in args[2]),)
     if op in ("access-windows", "access-dilated-windows"):
@@ -213,7 +233,10 @@ def _symbolic_args(term: Term, shapes: dict, vocab: _Vocabulary) -> tuple:
 
 
 def _bound(value: int, extent, vocab, where: str):
-    if extent is not None and is_symbolic(extent) and extent.rep == value:
+    """A slice bound: the axis' extent where it has its value, fixed or symbolic (80 on an
+    axis of 80 is the end, not 16 * batch at batch 5); else read by value (positions
+    sliced to the sequence length: 31 of 64 rows)."""
+    if extent is not None and (extent.rep if isinstance(extent, Dim) else extent) == value:
         return extent
     return simplest(vocab.read(value, where)) if value > 1 else value
 
