@@ -78,7 +78,7 @@ def load_onnx(source, input_shapes: dict | None = None, representatives: dict | 
         except ModelError as e:
             lower = smaller(symbols, fixed_dims(proto), set(representatives or {}))
             sizes = ", ".join(f"{s.name}={s.value}" for s in symbols.values())
-            if not lower or len(refused) == 3:   # built at the user's sizes, or small already
+            if not lower or len(refused) == 4:   # built at the user's sizes, or small already
                 raise (ModelError(f"{e} (symbolic dims built at {sizes}; --representative NAME=V "
                                   "chooses others)") if symbols else e) from None
             refused.append(f"{sizes} ({first_line(e).rsplit(': ', 1)[-1][:80]})")

@@ -138,16 +138,20 @@ def smaller(symbols: dict[str, Symbol], fixed: set[int], keep: set[str]) -> dict
     """Lower representatives to try when the model does not import at these (a sequence
     past its position table): each symbol not in `keep` (the user's) whose value is over
     3 goes to the largest prime at most half of it that no fixed dim or other symbol
-    takes; {} when none can go lower."""
+    takes, else the largest such number, else the largest prime another symbol does not
+    take; {} when none can go lower."""
     taken = set(fixed) | {s.value for s in symbols.values()}
     out = {}
     for name, s in symbols.items():
         if name in keep or s.value <= 3:
             continue
-        v = s.value // 2
-        while v >= 2 and (not _is_prime(v) or v in taken):
-            v -= 1
-        if v >= 2:
+        free = [v for v in range(s.value // 2, 1, -1) if v not in taken]
+        others = {o.value for o in symbols.values()} | set(out.values())
+        last = [v for v in range(s.value // 2, 1, -1) if _is_prime(v) and v not in others]
+        # a prime no fixed dim takes, else any free number, else a prime a fixed dim also is
+        # (a model whose every small size is taken: generalise may then say it cannot tell)
+        v = next((v for v in free if _is_prime(v)), free[0] if free else (last[0] if last else None))
+        if v is not None:
             out[name] = v
             taken.add(v)
     return out

@@ -172,11 +172,16 @@ class _Vocabulary:
                 if isinstance(d, Dim) and not d.is_const:
                     self._put(d)
 
-    def read(self, value: int, where: str):
+    def read(self, value: int, where: str, scaled: bool = False):
         """`value` as the one symbolic dim with that value, else as the int: a fixed size of
         the model (a width of 512) stays a constant even where an expression of the symbols
-        has that value too (128 * (batch - 1) at batch 5)."""
+        has that value too (128 * (batch - 1) at batch 5). `scaled`: also a small multiple
+        of one (a ConstantOfShape fill of (2 * batch, seq, seq), read before any shape of
+        the program has shown 2 * batch)."""
         found = self.by_value.get(value)
+        if not found and scaled and value not in self.fixed:
+            found = {c * d for c in range(2, 17) if value % c == 0
+                     for d in self.by_value.get(value // c, ()) if not d.is_const}
         if not found or value in self.fixed:
             return value
         if len(found) > 1:
@@ -188,7 +193,7 @@ def _weight_dims(name, dims, array, vocab, fills, generated=None) -> tuple:
     """A weight's dims; one with a symbolic dim (a constant folded at import from the
     shapes) must be a Range (`generated`, (start, delta)) or one value repeated, recorded
     in `fills` as ("range", start, delta) or ("fill", value)."""
-    out = tuple(simplest(vocab.read(d, f"constant {name!r}")) for d in dims)
+    out = tuple(simplest(vocab.read(d, f"constant {name!r}", scaled=True)) for d in dims)
     if is_symbolic(out) and generated is not None:
         fills[name] = ("range",) + tuple(generated)
     elif is_symbolic(out):
@@ -211,7 +216,7 @@ def _symbolic_args(term: Term, shapes: dict, vocab: _Vocabulary) -> tuple:
     if op == "access-broadcast":
         it, item = shapes[args[0]]
         new_it, new_item = args[1].args
-        dims = tuple(s if (s.rep if isinstance(s, Dim) else s) == d else vocab.read(d, op)
+        dims = tuple(s if (s.rep if isinstance(s, Dim) else s) == d else vocab.read(d, op, scaled=True)
                      for s, d in zip(it + item, new_it + new_item))
         return (args[0], _Target(dims[:len(new_it)], dims[len(new_it):]))
     if op == "access-slice":

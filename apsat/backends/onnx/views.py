@@ -296,13 +296,12 @@ def gather_windows(b: Builder, w: Windows) -> str:
     does not grow with (or fix) the iterated dims, a batch among them."""
     from apsat.lang.evaluate import _windows_view
 
-    n = math.prod(w.shape)
-    if n > GATHER_LIMIT:
-        raise ExportError(f"sliding windows of {n} elements that no Conv or pool reads "
-                          f"cannot be written as ONNX (more than {GATHER_LIMIT} gathered elements)")
     it, item = w.src.shape[:w.n_iter], w.src.shape[w.n_iter:]
     index = _windows_view(np.arange(math.prod(item), dtype=np.int64).reshape(item), 0,
-                          w.window, w.strides, w.dilations)
+                          w.window, w.strides, w.dilations)      # a view: nothing copied yet
+    if index.size > GATHER_LIMIT:      # the index constant written: one item's windows
+        raise ExportError(f"sliding windows of {index.size} elements an item that no Conv or pool "
+                          f"reads cannot be written as ONNX (more than {GATHER_LIMIT} gathered elements)")
     k = w.n_iter + len(w.window)
     names = [("i", i) for i in range(w.n_iter)] + [("o", j) for j in range(len(w.window))] \
         + [("w", j) for j in range(len(w.window))]
