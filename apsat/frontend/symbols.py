@@ -139,11 +139,12 @@ def smaller(symbols: dict[str, Symbol], fixed: set[int], keep: set[str]) -> dict
     past its position table): each symbol not in `keep` (the user's) whose value is over
     3 goes to the largest prime at most half of it that no fixed dim or other symbol
     takes, else the largest such number, else the largest prime another symbol does not
-    take; {} when none can go lower."""
+    take. A batch stays: what limits a model is its tables of positions, not its batch.
+    {} when none can go lower."""
     taken = set(fixed) | {s.value for s in symbols.values()}
     out = {}
     for name, s in symbols.items():
-        if name in keep or s.value <= 3:
+        if name in keep or s.value <= 3 or s.role == "batch":
             continue
         free = [v for v in range(s.value // 2, 1, -1) if v not in taken]
         others = {o.value for o in symbols.values()} | set(out.values())

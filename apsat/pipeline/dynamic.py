@@ -73,13 +73,21 @@ def dynamic_report(model, program, seed: int, verify: bool):
         report.update(general=False, why=str(e))
         return None, report
     report["general"] = True
-    if verify:
-        report["checks"] = [_check(model, general, values, seed) for values in sizes_to_check(model.symbols)[1:]]
+    if not verify:
+        return general, report
+    for attempt in (general, "unscaled"):
+        if attempt == "unscaled":      # read no size as a multiple of a symbol, and check again
+            try:
+                attempt = generalise(program, model, scaled=False)
+            except NotGeneral:
+                break
+        report["checks"] = [_check(model, attempt, values, seed) for values in sizes_to_check(model.symbols)[1:]]
         wrong = next((c for c in report["checks"] if "not_general" in c), None)
-        if wrong is not None:          # the original runs there and the program does not hold
-            report.update(general=False, why=f"at {wrong['sizes']}: {wrong.pop('not_general')}")
-            return None, report
-    return general, report
+        if wrong is None:
+            return attempt, report
+    # the original runs at a size where the program does not hold
+    report.update(general=False, why=f"at {wrong['sizes']}: {wrong.pop('not_general')}")
+    return None, report
 
 
 def fold_into(report: dict, dynamic: dict) -> None:

@@ -102,12 +102,25 @@ def _concrete(arg, values, rebuilt):
     return at(arg, values)
 
 
-def generalise(program: Program, model) -> General:
+def generalise(program: Program, model, scaled: bool | None = None) -> General:
     """The General form of `program` (extracted from `model`'s e-graph); NotGeneral when a
-    size in it holds only at the representative values."""
+    size in it holds only at the representative values. `scaled`: whether a size that is
+    a small multiple of a symbolic dim by value (2 * batch heads) is read so; None: so
+    first, and as a constant where that reading does not hold together (22 = 2 * 11 where
+    a grid has 22 cells)."""
+    if scaled is not None:
+        return _generalise(program, model, scaled)
+    try:
+        return _generalise(program, model, scaled=True)
+    except NotGeneral:
+        return _generalise(program, model, scaled=False)
+
+
+def _generalise(program: Program, model, scaled: bool) -> General:
     symbols = model.symbols
     syms = {name: Dim.symbol(name, s.value) for name, s in symbols.items()}
-    vocab = _Vocabulary(syms.values(), fixed_dims(model.onnx) if getattr(model, "onnx", None) else set())
+    vocab = _Vocabulary(syms.values(), fixed_dims(model.onnx) if getattr(model, "onnx", None) else set(),
+                        scaled)
     general = General(program, symbols)
     for name, dims in program.tensor_shapes.items():
         if name in model.signature:
@@ -153,8 +166,9 @@ class _Vocabulary:
     """The symbolic dims seen so far, by representative value: what a size that states a
     value (a broadcast target, a slice bound) can be besides a constant."""
 
-    def __init__(self, symbols, fixed=frozenset()):
+    def __init__(self, symbols, fixed=frozenset(), scaled: bool = True):
         symbols = list(symbols)
+        self.scaled = scaled
         self.fixed = set(fixed) - {s.rep for s in symbols}
         self.reps = {next(iter(s.symbols())): s.rep for s in symbols}
         self.by_value: dict[int, set] = {}
@@ -179,7 +193,7 @@ class _Vocabulary:
         of one (a ConstantOfShape fill of (2 * batch, seq, seq), read before any shape of
         the program has shown 2 * batch)."""
         found = self.by_value.get(value)
-        if not found and scaled and value not in self.fixed:
+        if not found and scaled and self.scaled and value not in self.fixed:
             found = {c * d for c in range(2, 17) if value % c == 0
                      for d in self.by_value.get(value // c, ()) if not d.is_const}
         if not found or value in self.fixed:
