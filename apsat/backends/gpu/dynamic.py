@@ -74,15 +74,19 @@ FAR = 257
 
 
 def _far(graph_at, tiles: dict, symbols: dict):
-    """(values, sources) with every symbol at the largest prime at most FAR, or below
-    where the program does not hold there (a sequence past the position table), above its
-    representative; (None, None) when no such size holds."""
+    """(values, sources) with the symbols at the largest distinct primes at most FAR, or
+    below where the program does not hold there (a sequence past the position table),
+    above their representatives; (None, None) when no such size holds."""
     from apsat.backends.gpu.runner import sources
     from apsat.errors import ShapeError
 
     top = max(v[0] for v in symbols.values())
-    for level in [p for p in range(FAR, top, -1) if all(p % q for q in range(2, int(p ** 0.5) + 1))][::2]:
-        values = {n: max(level, v[0] + 1) for n, v in symbols.items()}
+    primes = [p for p in range(FAR, top, -1) if all(p % q for q in range(2, int(p ** 0.5) + 1))]
+    for i in range(0, len(primes), 2):
+        # each symbol its own prime: two symbols of one value (past = sequence) let the
+        # index expressions simplify into another form, which is not a change of code
+        values = {n: max(primes[min(i + k, len(primes) - 1)], v[0] + 1 + k)
+                  for k, (n, v) in enumerate(symbols.items())}
         try:
             return values, sources(graph_at(values, tiles))
         except ShapeError:
