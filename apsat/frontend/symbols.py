@@ -22,6 +22,7 @@ import onnx
 from onnx import numpy_helper
 
 from apsat.errors import ModelError
+from apsat.lang.dims import is_prime
 
 ROLE_DEFAULTS = {"batch": 3, "sequence": 127, "past": 61, "other": 31}
 # the sizes optimize verifies at besides the representative: one is never a multiple of a tile
@@ -59,12 +60,8 @@ def role_of(name: str) -> str:
     return "other"
 
 
-def _is_prime(n: int) -> bool:
-    return n >= 2 and all(n % p for p in range(2, int(n ** 0.5) + 1))
-
-
 def _next_prime(n: int) -> int:
-    while not _is_prime(n):
+    while not is_prime(n):
         n += 1
     return n
 
@@ -148,10 +145,10 @@ def smaller(symbols: dict[str, Symbol], fixed: set[int], keep: set[str]) -> dict
             continue
         free = [v for v in range(s.value // 2, 1, -1) if v not in taken]
         others = {o.value for o in symbols.values()} | set(out.values())
-        last = [v for v in range(s.value // 2, 1, -1) if _is_prime(v) and v not in others]
+        last = [v for v in range(s.value // 2, 1, -1) if is_prime(v) and v not in others]
         # a prime no fixed dim takes, else any free number, else a prime a fixed dim also is
         # (a model whose every small size is taken: generalise may then say it cannot tell)
-        v = next((v for v in free if _is_prime(v)), free[0] if free else (last[0] if last else None))
+        v = next((v for v in free if is_prime(v)), free[0] if free else (last[0] if last else None))
         if v is not None:
             out[name] = v
             taken.add(v)
@@ -166,7 +163,7 @@ def probe_values(symbols: dict[str, Symbol], fixed: set[int]) -> dict[str, tuple
     used = set(fixed) | {s.value for s in symbols.values()}
     out = {}
     for name, s in symbols.items():
-        below = [v for v in range(s.value - 1, 1, -1) if _is_prime(v) and v not in used][:2]
+        below = [v for v in range(s.value - 1, 1, -1) if is_prime(v) and v not in used][:2]
         picked, value = below, s.value
         while len(picked) < 2:
             value = _next_prime(value + 1)

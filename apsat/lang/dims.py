@@ -224,3 +224,9 @@ def names_in(text: str) -> list[str]:
 
 def is_expression(text: str) -> bool:
     return names_in(text) != [text]
+
+
+def is_prime(n: int) -> bool:
+    """Whether n is a prime: representatives and probe sizes are, so that no tile divides
+    them and each size names the symbols it came from."""
+    return n >= 2 and all(n % p for p in range(2, int(n ** 0.5) + 1))

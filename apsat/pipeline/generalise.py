@@ -337,29 +337,3 @@ def _prefix(values) -> list[int]:
         out.append(p)
     return out
 
-
-def _divides(d: Dim, n: Dim) -> bool:
-    try:
-        _divide(n, d, "")
-        return True
-    except NotGeneral:
-        return False
-
-
-def _divide(n: Dim, d: Dim, where: str) -> Dim:
-    """n / d exactly, for monomials or n == d."""
-    if n == d:
-        return Dim.of(1)
-    if len(n.terms) != 1 or len(d.terms) != 1:
-        raise NotGeneral(f"{where}: cannot divide {n} by {d}")
-    (mn, cn), = n.terms.items()
-    (md, cd), = d.terms.items()
-    exps = dict(mn)
-    for s, e in md:
-        if exps.get(s, 0) < e:
-            raise NotGeneral(f"{where}: {d} does not divide {n}")
-        exps[s] -= e
-    if cn % cd:
-        raise NotGeneral(f"{where}: {d} does not divide {n}")
-    mono = tuple(sorted((s, e) for s, e in exps.items() if e))
-    return Dim({mono: cn // cd}, n.rep // d.rep)

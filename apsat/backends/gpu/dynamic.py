@@ -26,7 +26,7 @@ import io
 import re
 import tokenize
 
-from apsat.lang.dims import NotGeneral
+from apsat.lang.dims import NotGeneral, is_prime
 from apsat.lang.fit import FitError, corners, fit, text
 
 
@@ -81,7 +81,7 @@ def _far(graph_at, tiles: dict, symbols: dict):
     from apsat.errors import ShapeError
 
     top = max(v[0] for v in symbols.values())
-    primes = [p for p in range(FAR, top, -1) if all(p % q for q in range(2, int(p ** 0.5) + 1))]
+    primes = [p for p in range(FAR, top, -1) if is_prime(p)]
     for i in range(0, len(primes), 2):
         # each symbol its own prime: two symbols of one value (past = sequence) let the
         # index expressions simplify into another form, which is not a change of code
