@@ -60,6 +60,7 @@ def test_cases_are_deterministic_and_mixed():
     assert all(c.data() == c.data() for c in cases[:10])
 
 
+@pytest.mark.slow
 def test_a_seeded_sample_ends_cleanly():
     cases = fuzz.sample_cases(fuzz.make_cases(500, 200, seed=0), 50, seed=0)
     results = fuzz.run_all(cases, jobs=2)

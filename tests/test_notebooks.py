@@ -11,6 +11,7 @@ def test_the_four_notebooks_are_there():
     assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_clean(path):
     nbformat = pytest.importorskip("nbformat", reason="the test extra installs nbformat")

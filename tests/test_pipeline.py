@@ -34,6 +34,7 @@ def test_light_model_extracted_program_matches_onnxruntime(name):
     assert sum(res.report["ops_after"].values()) == len(res.model.program.terms())
 
 
+@pytest.mark.slow
 def test_region_mode_is_chosen_by_program_size_and_reuse(monkeypatch):
     """regions=None (the default) saturates by regions only past REGIONS_PAST terms, and
     there only when most regions repeat; the report says which and why; by regions the

@@ -18,6 +18,7 @@ from apsat.lang.ops import (ACTIVATIONS, COMPUTE_OPS, EGG_NAMES, NARY_OPS, OPS, 
                             UNARY_MAPS)
 from apsat.lang.spec import ROLES
 from apsat.lang.syntax import _read_sexprs
+from fresh import fresh_egraph
 from test_syntax import EXAMPLES, SHAPES, operator_head
 
 # Samples take square roots and powers of negative numbers: nan, in every part alike.
@@ -117,11 +118,9 @@ def test_element_wise_operator_sets_agree_with_language_egg():
 
 @pytest.mark.parametrize("op", OPERATORS)
 def test_egglog_derives_each_operators_shape_as_python_does(op):
-    from apsat.explore.egraph import EGraph
-
     text, shapes = sample(op)
     program = apsat.parse(text, shapes)
-    eg = EGraph(seed_every=0)
+    eg = fresh_egraph(seed_every=0)
     assert eg.shape_of(eg.add(program)) == program.shape, \
         f"{op}: egglog's shape rules (generated classification) disagree with shapes.item_shape"
 
@@ -140,7 +139,7 @@ def test_whole_item_operators_are_refused_inside_chains(op):
     assert any(head == "rule" and {"item-whole", EGG_NAMES.get(op, op)} <= atoms for head, atoms in _forms())
     x = "(access (access-tensor x) 1)"
     for side, chain in (("F", f"(chain {operator_head(op)} relu)"), ("G", f"(chain relu {operator_head(op)})")):
-        eg = EGraph()
+        eg = fresh_egraph()
         eg.add(Term("access-tensor", ("x",)), shapes={"x": (3, 4, 5)})
         with pytest.raises(ShapeError, match=f"the chain's {side} is {op}, not element-wise"):
             eg.load_text(f"(let $bad {egg_term(parse_term(f'(compute {chain} {x})'))})")

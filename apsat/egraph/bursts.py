@@ -294,3 +294,21 @@ def record_rule_sizes(commands, sizes: dict, combined: dict) -> None:
             sizes.setdefault(c.rule.ruleset, []).append(sum(_action_calls(a) for a in c.rule.head))
         elif isinstance(c, bindings.UnstableCombinedRuleset):
             combined[c.name] = list(c.rulesets)
+
+
+def growth_per_match(rulesets, rule_sizes: dict, combined: dict) -> int:
+    """The most Expr nodes one match of every rule of `rulesets` (names, a combined
+    ruleset counting its parts once) can add together: the sum over the rules of the
+    constructor calls on their right-hand sides (`rule_sizes`, ruleset -> per rule, as
+    record_rule_sizes keeps it; `combined`, combined ruleset -> its parts). A rule adds
+    at most those per match, fewer when some already exist. 0 for rulesets with no
+    rules, or unknown names."""
+    todo, seen, total = list([rulesets] if isinstance(rulesets, str) else rulesets), set(), 0
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo.extend(combined.get(name, ()))
+        total += sum(rule_sizes.get(name, ()))
+    return total

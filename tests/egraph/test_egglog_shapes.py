@@ -15,6 +15,7 @@ from apsat.lang.ops import COMPUTE_OPS, NARY_OPS, OPS, UNARY_MAPS
 from apsat.lang.syntax import parse_term
 from apsat.lang.term import Term, postorder
 from apsat.errors import ShapeError
+from fresh import fresh_egraph
 from test_syntax import operator_head
 
 SHAPES = {"t": (3, 32, 32), "w": (8, 3, 3, 3), "x": (3, 4), "y": (3, 4), "z": (4, 6),
@@ -199,7 +200,7 @@ def test_terms_python_rejects_are_flagged_by_egglog(text):
     term = parse_term(text)
     with pytest.raises(ShapeError):
         _program(text)
-    eg = EGraph()
+    eg = fresh_egraph()
     for name in SHAPES:        # tensors known, so only the term itself can be wrong
         eg.add(Term("access-tensor", (name,)), shapes={name: SHAPES[name]})
     with pytest.raises(ShapeError, match=rf"ill-shaped node .*: {term.op}: "):

@@ -223,3 +223,25 @@ def test_a_2000_node_chain_loads():
     assert eg.size() == (2000, 2000)
     assert eg.shape_of(root) == ((4,), (8,))
     assert len(eg.serialize()["nodes"]) > 2000
+
+
+def test_pop_returns_to_the_pushed_state():
+    """push/pop: what is added and run after a push is gone after the pop, egglog's tables
+    and the driver's own (tensor shapes, handles, rulesets) alike; pops nest."""
+    eg = EGraph()
+    eg.add(apsat.parse("(compute relu (access (access-tensor x) 1))", {"x": (2, 3)}))
+    before, shapes, handles = eg.size(), dict(eg.tensor_shapes), eg._next
+    eg.push()
+    eg.add(apsat.parse("(compute relu (access (access-tensor y) 1))", {"y": (4, 5)}))
+    eg.load_text("(ruleset mine)")
+    eg.push()
+    eg.add(apsat.parse("(compute relu (access (access-tensor z) 1))", {"z": (6,)}))
+    eg.pop()
+    assert "z" not in eg.tensor_shapes and "y" in eg.tensor_shapes
+    eg.pop()
+    assert eg.size() == before and eg.tensor_shapes == shapes and eg._next == handles
+    assert "mine" not in eg.rulesets
+    # the tensor y is unknown again: adding it at other dims is no conflict
+    eg.add(apsat.parse("(compute relu (access (access-tensor y) 1))", {"y": (7,)}))
+    with pytest.raises(EGraphError, match="pop\\(\\) without a push"):
+        eg.pop()

@@ -23,17 +23,10 @@ from apsat.lang.program import Program
 from apsat.errors import RuleError
 from apsat.rules.library import RuleLibrary
 from apsat.pipeline.soundness import random_tensors, sample_members
+from fresh import fresh_egraph
 
 RTOL, ATOL = 1e-4, 1e-5
 _LIBRARY = None
-
-
-def library() -> RuleLibrary:
-    """The built-in rule library (validated once per test session)."""
-    global _LIBRARY
-    if _LIBRARY is None:
-        _LIBRARY = RuleLibrary()
-    return _LIBRARY
 
 
 def helper_rules(family: str, prefix: str = "aux-") -> list[str]:
@@ -49,8 +42,9 @@ def run_rule(rule_name: str, text: str, shapes: dict, target: str = "gpu", iter_
     rules named in `helpers` beside it in its one-rule ruleset (a helper equal to
     `rule_name` is loaded once). Returns (eg, root handle, run report); the report's
     rule_matches count each rule by name, so `fired(report, rule_name)` still means the
-    rule under test. RuleError for an unknown rule or helper name."""
-    eg = EGraph(target=target)
+    rule under test. RuleError for an unknown rule or helper name. The e-graph is
+    fresh.fresh_egraph's: valid until the next call."""
+    eg = fresh_egraph(target, declarations=True)
     root = eg.add(apsat.parse(text, shapes))
     if helpers:
         lib = library()

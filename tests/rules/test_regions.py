@@ -35,6 +35,7 @@ def test_regions_cut_at_shared_values_and_share_keys():
     assert blocks[0].key == blocks[1].key  # same structure and shapes, other weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["gpu", "systolic:32x32"])
 def test_resnet50_by_regions_reuses_blocks_and_verifies(target):
     model = apsat.load_onnx(randomize_weights(onnx.load(str(RESNET)), seed=4))

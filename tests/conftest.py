@@ -1,0 +1,24 @@
+"""Suite-wide settings: the order tests are handed to workers, and one thread per worker.
+
+The suite runs on every core (`-n auto`, pytest-xdist; pyproject's addopts). Two things
+keep the cores busy to the end rather than waiting on one long test:
+
+* tests marked `slow` (whole models, tens of seconds) are collected first, so the workers
+  share them out at the start and the short tests fill the gaps after;
+* each worker's numerical libraries (OpenBLAS, onnxruntime's thread pools through
+  OMP_NUM_THREADS) use one thread, so two workers on two cores do not each start a pool
+  the size of the machine and fight over it. A run without workers keeps the defaults.
+"""
+from __future__ import annotations
+
+import os
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Before numpy or onnxruntime is imported by any test module: they read these at load.
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow tests first (a stable sort: each group keeps its collection order)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
