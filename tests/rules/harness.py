@@ -29,6 +29,14 @@ RTOL, ATOL = 1e-4, 1e-5
 _LIBRARY = None
 
 
+def library() -> RuleLibrary:
+    """The built-in rule library (validated once per test session)."""
+    global _LIBRARY
+    if _LIBRARY is None:
+        _LIBRARY = RuleLibrary()
+    return _LIBRARY
+
+
 def helper_rules(family: str, prefix: str = "aux-") -> list[str]:
     """Names of the built-in rules of `family` whose name (after `family/`) starts with
     `prefix`: a family's helper rules, which add no term but build facts its other rules
