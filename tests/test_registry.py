@@ -132,7 +132,6 @@ def test_whole_item_operators_are_refused_inside_chains(op):
     chain rules flag it as a chain's F and as its G, naming it."""
     from apsat.egraph.driver import egg_term
     from apsat.errors import ShapeError
-    from apsat.explore.egraph import EGraph
     from apsat.lang.syntax import parse_term
     from apsat.lang.term import Term
 
