@@ -1,6 +1,8 @@
 """One interface for every backend: lower a program, run it here, write it out.
 
     lowered = backend.lower(program, target, weights, options)   # Lowered, nothing written
+    backend.variants(program)    # [(label, program)]: the forms the pipeline prices
+    backend.price(lowered)       # {"cost", "unit", "kernels"}: one inference, as emitted
     backend.run_skipped()        # None when run() works here at a sensible cost, else why not
     outputs = backend.run(lowered, tensors)                        # output name -> array
     written = backend.write(lowered, directory, compile=False)     # what the files and tools say
@@ -53,6 +55,19 @@ class Backend(ABC):
     def lower(self, program, target, weights, options: dict) -> Lowered:
         """Lower an extracted Program for `target` (a Target); `weights` names the tensors
         known at load time; `options` are the backend's own (checked by check_options)."""
+
+    def variants(self, program) -> list[tuple[str, object]]:
+        """The programs the extracted `program` may run as, each with a label, the
+        extracted one first. The pipeline lowers each and keeps the cheapest by `price`:
+        a choice of what shares a kernel is made there, once, priced by what the backend
+        emits, and `lower` itself decides nothing more (apsat.pipeline.plan)."""
+        return [("as extracted", program)]
+
+    def price(self, lowered: Lowered) -> dict | None:
+        """What one inference of the lowered program costs on the target, by the model the
+        extractor prices with: {"cost": float, "unit": str, "kernels": int | None};
+        None for a backend that has no cost model (the reference interpreter)."""
+        return None
 
     def run_skipped(self) -> str | None:
         """None when `run` works on this machine at a cost fit for every verification;

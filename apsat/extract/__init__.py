@@ -44,6 +44,23 @@ def _extractor(method: str):
     return EXTRACTORS[method]
 
 
+def _forced(graph, roots) -> dict[str, str] | None:
+    """The choice when every class the roots reach holds one node (an e-graph no rule has
+    run on: the imported program, priced before saturation), else None. No extractor
+    needed: on a 30k-node program greedy-DAG took 2.5 s to find the only choice."""
+    choice, stack = {}, list(roots)
+    while stack:
+        c = stack.pop()
+        if c in choice:
+            continue
+        nodes = graph.classes.get(c, ())
+        if len(nodes) != 1:
+            return None
+        choice[c] = nodes[0]
+        stack.extend(graph.node_classes[nodes[0]])
+    return choice
+
+
 def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float | None = None) -> Program:
     """The best program for `root` (a handle from `eg.add`, or a dict output name ->
     handle) under `method` and the cost model `cost` (a name in COST_MODELS, a cost-model
@@ -63,7 +80,7 @@ def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float |
     roots = [eg.class_of(h) for h in outputs.values()]
     model = cost_model(cost, eg.target)
     node_cost = model.node_cost(graph)
-    choice = run_extractor(method, graph, roots, node_cost, time_limit)
+    choice = _forced(graph, roots) or run_extractor(method, graph, roots, node_cost, time_limit)
     check_roots(graph, choice, roots)
     used = check_extraction(graph, choice, roots)
     terms = decode_classes(graph, choice, roots)

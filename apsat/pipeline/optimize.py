@@ -214,6 +214,7 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
     backend.check_options(lowering or {})
     seconds: dict[str, float] = {"setup": time.perf_counter() - start}
     from apsat.pipeline.inputs import given_shapes
+    from apsat.pipeline.plan import into_extraction, plan, price_of
 
     shapes, representatives = input_shapes
     m, eg, handles, loaded = _load(model, target, tell, seconds, shapes or given_shapes(inputs, model),
@@ -222,9 +223,13 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
     saturation = _saturate(eg, m, rules, regions, tell, seconds, **limits)
     rule_check = _check_rules(eg, m, check_rules, given, seed, tell, seconds) if rules else None
     program = _timed("extract", tell, seconds, _extract, eg, handles, extractor)
+    program, lowered, planned = _timed("lower", tell, seconds, plan, backend, program, tgt, m.weights,
+                                       lowering or {})
+    before = _timed("price before", tell, seconds, price_of, backend, m.program, tgt, m.weights,
+                    lowering or {}) if planned else None
     report = _report(m, target, rules, program, eg, loaded, saturation, seconds)
+    into_extraction(report["extraction"], planned, before)
     report.update({"limits": limits}, **({"rule_check": rule_check} if rule_check else {}))
-    lowered = _timed("lower", tell, seconds, backend.lower, program, tgt, m.weights, lowering or {})
     report[backend.name] = lowered.report
     outputs = None
     if verify:

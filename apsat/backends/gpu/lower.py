@@ -50,7 +50,6 @@ from apsat.backends.gpu.epilogue import invert_path
 from apsat.backends.gpu.expr import flat, value_nodes, var
 from apsat.backends.gpu.graph import Buffer, HostStep, Kernel, KernelGraph
 from apsat.backends.gpu.inline import Inlining, is_kernel_op
-from apsat.backends.gpu.merge import merge_siblings
 from apsat.backends.gpu.regions import ROW_NORMALISATIONS, covered_ops, natural
 from apsat.backends.gpu.views import (
     NeedsBuffer,
@@ -90,15 +89,10 @@ def lower(program: Program, tiles: dict | None = None, tuned=None) -> KernelGrap
     tuned: a tuning.TuningCache; a kernel whose shape it holds takes the tuned tiles.
     The others come from the roofline search in apsat/backends/gpu/tiling.py.
 
-    Sibling products (Q, K and V projections of one input) are merged into one gemm
-    (merge.py) when that leaves fewer kernels and no more host steps."""
-    graph = _Lowering(program, tiles or {}, tuned).run()
-    merged = merge_siblings(program)
-    if merged is not program:
-        other = _Lowering(merged, tiles or {}, tuned).run()
-        if len(other.kernels) < len(graph.kernels) and len(other.host_steps) <= len(graph.host_steps):
-            return other
-    return graph
+    Which products share a gemm is not decided here: the program comes with its sibling
+    products merged or not, as the pipeline chose by pricing both (GpuBackend.variants,
+    apsat/pipeline/plan.py)."""
+    return _Lowering(program, tiles or {}, tuned).run()
 
 
 class _Lowering:

@@ -65,7 +65,8 @@ def write_kernels(program, directory, *, tiles: dict | None = None, compile=True
       "host_steps": "name", "op", "prepare", "runner" (onnxruntime | reference), "reason",
           "reads", "out", "bytes" (over PCIe), "modelled_us"
       "totals": "kernels", "host_steps", "prepare_steps", and per inference (prepare
-          steps left out) "flops", "bytes", "modelled_us"; "prepare_us" for the rest
+          steps left out) "inference_kernels", "flops", "bytes", "modelled_us";
+          "prepare_us" for the rest
       "tools": "nvcc" (path or None), "triton" (version or None), "notes" (why something
           was not compiled)
     """
@@ -126,6 +127,7 @@ def kernel_figures(graph: KernelGraph) -> dict:
             for h in graph.host_steps]
     per_call = [r for r in rows + host if not r["prepare"]]
     totals = {"kernels": len(rows), "host_steps": len(host), "prepare_steps": len(once),
+              "inference_kernels": sum(1 for r in rows if not r["prepare"]),
               "flops": sum(r.get("flops", 0.0) for r in per_call),
               "bytes": sum(r["bytes"] for r in per_call),
               "modelled_us": sum(r["modelled_us"] for r in per_call),

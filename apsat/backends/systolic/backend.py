@@ -27,6 +27,10 @@ class SystolicBackend(Backend):
             "instructions": stream.counts(), "host_steps": cyc["host_steps"],
             "cycles": cyc})
 
+    def price(self, lowered: Lowered) -> dict:
+        """The instruction stream's cycles by the cycle model (its report's total)."""
+        return {"cost": lowered.report["cycles"]["total_cycles"], "unit": "cycles", "kernels": None}
+
     def run(self, lowered: Lowered, tensors: dict) -> dict:
         from apsat.backends.systolic import simulate
 
