@@ -8,10 +8,14 @@ keep the cores busy to the end rather than waiting on one long test:
 * each worker's numerical libraries (OpenBLAS, onnxruntime's thread pools through
   OMP_NUM_THREADS) use one thread, so two workers on two cores do not each start a pool
   the size of the machine and fight over it. A run without workers keeps the defaults.
+
+APSAT_TEST_TIMELINE=FILE appends each test's start and end (time, worker, test id) to FILE:
+how the work spread over the workers, and where one waited.
 """
 from __future__ import annotations
 
 import os
+import time
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Before numpy or onnxruntime is imported by any test module: they read these at load.
@@ -22,3 +26,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 def pytest_collection_modifyitems(config, items):
     """Slow tests first (a stable sort: each group keeps its collection order)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _timeline("start", nodeid)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _timeline("end", nodeid)
+
+
+def _timeline(event: str, nodeid: str) -> None:
+    """One line of APSAT_TEST_TIMELINE (the module doc), when it is set."""
+    path = os.environ.get("APSAT_TEST_TIMELINE")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{time.time():.2f} {os.environ.get('PYTEST_XDIST_WORKER', 'main')} {event} {nodeid}\n")

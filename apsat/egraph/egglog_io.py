@@ -8,6 +8,7 @@ Set APSAT_EGGLOG_DEBUG=1 to have the captured stderr re-emitted.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -70,10 +71,12 @@ _CAPTURE: dict[int, object] = {}     # process id -> its capture file (a fork ge
 
 
 def _capture_file():
-    """This process's capture file: made on first use, removed by the system at exit."""
+    """This process's capture file: made on first use, closed at exit (the system removes
+    it: it has no name)."""
     tmp = _CAPTURE.get(os.getpid())
     if tmp is None:
         tmp = _CAPTURE[os.getpid()] = tempfile.TemporaryFile(mode="w+b")
+        atexit.register(tmp.close)
     return tmp
 
 
