@@ -70,11 +70,29 @@ def assert_backend_equals(r: dict, backend: str, rtol: float, atol: float, label
 
 def assert_verified_without_host_steps(report: dict, target: str) -> None:
     """An optimize report that verified (the simulator too on a systolic target), with no
-    opaque call and no host step on `target`."""
+    opaque call and no host step on `target`, priced as emitted."""
     assert report["verification"]["ok"], report["verification"]
     assert not report["opaque_ops"], report["opaque_ops"]
+    assert_priced_as_emitted(report, target)
     if target == "gpu":
         assert report["gpu_kernels"]["totals"]["host_steps"] == 0, report["gpu_kernels"]["host_steps"]
     else:
         assert report["systolic"]["simulation"]["ok"], report["systolic"]["simulation"]
         assert not report["systolic"]["host_steps"], report["systolic"]["host_steps"]
+
+
+def assert_priced_as_emitted(report: dict, target: str) -> None:
+    """The extraction's price is what the backend emits (apsat.pipeline.plan): on gpu the
+    kernels launched per inference and their modelled time, on a systolic target the
+    stream's cycles; and the imported program was priced by the same model."""
+    ext = report["extraction"]
+    if target == "gpu":
+        totals = report["gpu_kernels"]["totals"]
+        assert ext["kernels"] == totals["inference_kernels"], (ext["kernels"], totals)
+        assert ext["dag_cost"] == pytest.approx(totals["modelled_us"], rel=1e-12), (ext["dag_cost"], totals)
+        assert ext["unit"] == "us"
+    else:
+        assert ext["dag_cost"] == report["systolic"]["cycles"]["total_cycles"]
+        assert ext["unit"] == "cycles"
+    assert ext["modelled_speedup"] == pytest.approx(ext["dag_cost_before"] / ext["dag_cost"])
+    assert ext["chosen"] in [v["label"] for v in ext["variants"]]
