@@ -5,7 +5,11 @@ extractor's e-node figure beside the emitted one, and which variant the pricing 
 Seeded random weights (seed 0), verified against onnxruntime. The table is in
 docs/cost-models.md#modelled-speed-up-and-the-zoo-runs.
 
-    python benchmarks/priced.py
+With --extractors, a second table: the emitted µs of the program each extractor chooses
+(greedy-dag, the default; ilp, exact on the e-node model within its time limit; tree),
+so the gap between what the e-node model prefers and what is emitted shows per model.
+
+    python benchmarks/priced.py [--extractors greedy-dag,ilp,tree]
 """
 from __future__ import annotations
 
@@ -28,11 +32,33 @@ def row(path) -> list[str]:
             str(report["verification"]["ok"])]
 
 
+def by_extractor(path, extractors) -> list[str]:
+    """The emitted µs (and e-node cost) of each extractor's choice for one light model."""
+    proto = randomize_weights(onnx.load(str(path)), seed=0)
+    cells = [path.stem.replace("light_", "")]
+    for method in extractors:
+        e = optimize(proto, target="gpu", extractor=method, verify=False).report["extraction"]
+        cells.append(f"{e['dag_cost']:.1f} ({e['node_dag_cost']:.1f})")
+    return cells
+
+
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--extractors", help="comma-separated extractors for the second table")
+    args = ap.parse_args()
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
     for path in sorted(light_model_paths()):
         print("| " + " | ".join(row(path)) + " |", flush=True)
+    if args.extractors:
+        extractors = args.extractors.split(",")
+        print("\nemitted µs (e-node cost) of each extractor's choice")
+        print("| model | " + " | ".join(extractors) + " |")
+        print("|" + "---|" * (1 + len(extractors)))
+        for path in sorted(light_model_paths()):
+            print("| " + " | ".join(by_extractor(path, extractors)) + " |", flush=True)
 
 
 if __name__ == "__main__":

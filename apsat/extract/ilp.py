@@ -130,7 +130,10 @@ def _solve_restricted(run, pruned, fill, rel_gap) -> bool:
 
 
 def _closed(members, kids):
-    """`members` without the nodes that need a class left without nodes, to a fixpoint."""
+    """`members` without the nodes that need a class left without nodes, to a fixpoint.
+    A class given with no nodes is one left without them (the LP support can empty a
+    class: a node reading it must go too, not only the empty entry)."""
+    members = {c: ns for c, ns in members.items() if ns}
     while True:
         out = {c: [n for n in ns if all(k in members for k in kids[n])] for c, ns in members.items()}
         out = {c: ns for c, ns in out.items() if ns}

@@ -117,3 +117,13 @@ def test_registry_and_cli(tmp_path, capsys):
     assert main(["extract", str(path), "--method", "ilp", "--time-limit", "5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["method"] == "ilp" and out["optimal"] is True and out["gap"] == pytest.approx(0, abs=1e-6)
+
+
+def test_a_class_emptied_by_the_restriction_takes_its_readers_with_it():
+    """_closed: the LP support can leave a class with no node; a node reading that class
+    must be dropped too (densenet121's ILP once failed with KeyError on such a class)."""
+    from apsat.extract.ilp import _closed
+
+    kids = {"a1": ["B"], "a2": [], "b1": []}
+    assert _closed({"A": ["a1", "a2"], "B": []}, kids) == {"A": ["a2"]}
+    assert _closed({"A": ["a1"], "B": ["b1"]}, kids) == {"A": ["a1"], "B": ["b1"]}
