@@ -327,7 +327,10 @@ def _figures(res, entry, proto) -> dict:
     out = {"kernels": sum(1 for k in graph.kernels if k.name not in once),
            "host_steps": totals["host_steps"], "modelled_us": totals["modelled_us"],
            "prepare_steps": totals["prepare_steps"],
-           "attention_kernels": sum(1 for k in graph.kernels if k.kind == "attention")}
+           "attention_kernels": sum(1 for k in graph.kernels if k.kind == "attention"),
+           # what the extraction priced (apsat/pipeline/plan.py): the same kernels and time
+           "priced_kernels": res.report["extraction"].get("kernels"),
+           "priced_us": res.report["extraction"].get("dag_cost")}
     if entry["layers"]:
         out["per_layer"] = kernels_per_layer(graph, proto)
     return out
@@ -470,7 +473,7 @@ def _layers_cell(r: dict) -> str:
 def print_models(rows: list[dict]):
     head = (f"{'model':<19} {'family':<11} {'layers':>6} {'kernels':>7} {'before':>6} {'ort ext':>7} "
             f"{'k/ort':>5} {'k/layer max':>11} {'mean':>5} {'attn':>4} {'host':>4} {'once':>4} "
-            f"{'us before':>9} {'us after':>9}  status")
+            f"{'us before':>9} {'us after':>9} {'priced':>6}  status")
     print(head)
     print("-" * len(head))
     for zoo in ("real", "light"):
@@ -487,11 +490,24 @@ def print_models(rows: list[dict]):
             print(f"{r['model']:<19} {r['family']:<11} {_layers_cell(r):>6} {a.get('kernels', ''):>7} "
                   f"{b.get('kernels', ''):>6} {r.get('ort_nodes', ''):>7} {ratio:>5} {top:>11} {mean:>5} "
                   f"{a.get('attention_kernels', ''):>4} {a.get('host_steps', ''):>4} {a.get('prepare_steps', ''):>4} "
-                  f"{us_b:>9} {us_a:>9}  {r['status']}")
+                  f"{us_b:>9} {us_a:>9} {_priced_cell(a):>6}  {r['status']}")
     print("kernels: the gpu kernel graph's kernels per inference; once: the weight preparation's kernels "
           "and host steps, run once when the model is loaded (in neither the kernels nor the modelled time)")
+    print("priced: 'same' when the extraction's kernels and modelled time (report extraction.kernels, "
+          "dag_cost) are the emitted ones (time within 5 %)")
     if any("*" in _layers_cell(r) for r in rows):
         print("layers N*M: the manifest says N layers, the attribution found M (see --detail)")
+
+
+def _priced_cell(a: dict) -> str:
+    """"same" when the extraction priced the emitted kernels (count equal, modelled time
+    within 5 %), else "k:N" or "us:X" for what differs."""
+    if not a:
+        return ""
+    if a.get("priced_kernels") != a["kernels"]:
+        return f"k:{a.get('priced_kernels')}"
+    priced = a.get("priced_us") or 0.0
+    return "same" if abs(priced - a["modelled_us"]) <= 0.05 * a["modelled_us"] else f"us:{priced:.0f}"
 
 
 def _layer_counts(row: dict, which: str) -> list[int]:

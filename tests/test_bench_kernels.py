@@ -30,8 +30,10 @@ def test_vit_kernels_per_layer(capsys):
         assert len(counts) == 2 and counts[0] == counts[1] > 0, (which, per["names"])
         assert per["outside"] + sum(counts) == fig["kernels"], (which, per["names"])
     assert row["after"]["kernels"] <= row["before"]["kernels"] and row["ort_nodes"] > 0
+    assert bench._priced_cell(row["after"]) == "same"          # priced as emitted
     bench.print_models([row])
-    assert bench.footer([row]) and "vit" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert bench.footer([row]) and "vit" in out and " same  ok" in out
 
 
 def test_vit_b16_attention_traffic():
