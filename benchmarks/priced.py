@@ -9,10 +9,17 @@ With --extractors, a second table: the emitted µs of the program each extractor
 (greedy-dag, the default; ilp, exact on the e-node model within its time limit; tree),
 so the gap between what the e-node model prefers and what is emitted shows per model.
 
-    python benchmarks/priced.py [--extractors greedy-dag,ilp,tree]
+--zoo real prices the extractors' choices on tests/data/real_zoo instead (its stored
+input shapes; the first table is the light zoo's only).
+
+    python benchmarks/priced.py [--extractors greedy-dag,ilp,tree] [--zoo light|real]
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import onnx
 
 from apsat.pipeline.optimize import optimize
@@ -32,12 +39,28 @@ def row(path) -> list[str]:
             str(report["verification"]["ok"])]
 
 
-def by_extractor(path, extractors) -> list[str]:
-    """The emitted µs (and e-node cost) of each extractor's choice for one light model."""
-    proto = randomize_weights(onnx.load(str(path)), seed=0)
-    cells = [path.stem.replace("light_", "")]
+REAL_ZOO = Path(__file__).resolve().parent.parent / "tests" / "data" / "real_zoo"
+
+
+def zoo_models(zoo: str) -> list[tuple[str, object, dict]]:
+    """(name, model, optimize keywords) of the light zoo (seeded random weights) or the
+    real zoo (its stored inputs' shapes)."""
+    if zoo == "light":
+        return [(p.stem.replace("light_", ""), randomize_weights(onnx.load(str(p)), seed=0), {})
+                for p in sorted(light_model_paths())]
+    out = []
+    for name in sorted(json.loads((REAL_ZOO / "manifest.json").read_text())["models"]):
+        with np.load(REAL_ZOO / f"{name}.npz") as data:
+            shapes = {k: data[k].shape for k in data.files if not k.startswith("output:")}
+        out.append((name, REAL_ZOO / f"{name}.onnx", {"input_shapes": shapes}))
+    return out
+
+
+def by_extractor(name, model, kwargs, extractors) -> list[str]:
+    """The emitted µs (and e-node cost) of each extractor's choice for one model."""
+    cells = [name]
     for method in extractors:
-        e = optimize(proto, target="gpu", extractor=method, verify=False).report["extraction"]
+        e = optimize(model, target="gpu", extractor=method, verify=False, **kwargs).report["extraction"]
         cells.append(f"{e['dag_cost']:.1f} ({e['node_dag_cost']:.1f})")
     return cells
 
@@ -47,6 +70,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--extractors", help="comma-separated extractors for the second table")
+    ap.add_argument("--zoo", choices=("light", "real"), default="light", help="the second table's models")
     args = ap.parse_args()
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
@@ -57,8 +81,8 @@ def main() -> None:
         print("\nemitted µs (e-node cost) of each extractor's choice")
         print("| model | " + " | ".join(extractors) + " |")
         print("|" + "---|" * (1 + len(extractors)))
-        for path in sorted(light_model_paths()):
-            print("| " + " | ".join(by_extractor(path, extractors)) + " |", flush=True)
+        for name, model, kwargs in zoo_models(args.zoo):
+            print("| " + " | ".join(by_extractor(name, model, kwargs, extractors)) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -65,3 +65,17 @@ def test_onnx_out_benchmark_on_squeezenet():
     assert all(isinstance(n, int) and n > 0 for n in nodes), nodes
     assert all(row[k] > 0 for k in ("ms_orig_disable", "ms_orig_all", "ms_export"))
     assert row["runs"] == 20 and row["ratio"] == row["ms_orig_all"] / row["ms_export"]
+
+
+def test_priced_rows_price_the_emitted_kernels():
+    """benchmarks/priced.py on light SqueezeNet: the row's speed-up is imported over emitted
+    time, the e-node figure is above the emitted one (it prices each element-wise node as
+    a kernel), the model verified; the extractor table's cell is the emitted µs."""
+    bench = _load("priced")
+    (path,) = [p for p in bench.light_model_paths() if "squeezenet" in p.name]
+    cells = dict(zip(bench.COLUMNS, bench.row(path)))
+    emitted, imported = float(cells["emitted µs"]), float(cells["imported µs"])
+    assert cells["speed-up"] == f"{imported / emitted:.2f}x" and cells["verified"] == "True"
+    assert float(cells["e-node µs"]) > emitted
+    model = bench.randomize_weights(bench.onnx.load(str(path)), seed=0)
+    assert bench.by_extractor("squeezenet", model, {}, ["greedy-dag"]) == ["squeezenet", f"{emitted:.1f} ({cells['e-node µs']})"]
