@@ -104,8 +104,10 @@ class Program:
         return self._shapes[term]
 
     def terms(self) -> list[Term]:
-        """Every distinct sub-term, children before parents."""
-        return postorder(list(self.outputs.values()))
+        """Every distinct sub-term, children before parents (a new list each call)."""
+        # The shapes were made over exactly this postorder, in this order (__post_init__):
+        # the walk is not repeated (1.3 s over 16 calls on a 15k-term chain).
+        return list(self._shapes)
 
     def tensor_names(self) -> list[str]:
         """The tensors the program reads (inputs and weights), in first-use order."""
