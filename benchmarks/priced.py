@@ -12,7 +12,12 @@ so the gap between what the e-node model prefers and what is emitted shows per m
 --zoo real prices the extractors' choices on tests/data/real_zoo instead (its stored
 input shapes; the first table is the light zoo's only).
 
+--check DIR [--sample N] prices N models of DIR (the public corpus's exported models,
+seeded choice) on gpu and prints, per model, the kernels and modelled µs the extraction
+priced against the ones the backend emitted: equal kernels and µs within 5 % is `same`.
+
     python benchmarks/priced.py [--extractors greedy-dag,ilp,tree] [--zoo light|real]
+    python benchmarks/priced.py --check ~/.cache/apsat/corpus/onnx --sample 20
 """
 from __future__ import annotations
 
@@ -65,13 +70,39 @@ def by_extractor(name, model, kwargs, extractors) -> list[str]:
     return cells
 
 
+def check(directory, sample: int, seed: int = 0) -> None:
+    """The --check table (module doc): a model that fails says why in its row."""
+    import random
+
+    paths = sorted(Path(directory).expanduser().glob("*.onnx"))
+    paths = sorted(random.Random(seed).sample(paths, min(sample, len(paths))))
+    print("| model | priced kernels | emitted kernels | priced µs | emitted µs | priced as emitted |")
+    print("|---|---|---|---|---|---|")
+    for path in paths:
+        try:
+            report = optimize(path, target="gpu", verify=False).report
+        except Exception as e:                      # noqa: BLE001 - one row, the reason
+            print(f"| {path.stem} | {type(e).__name__}: {str(e)[:80]} | | | | |", flush=True)
+            continue
+        e, totals = report["extraction"], report["gpu_kernels"]["totals"]
+        same = e["kernels"] == totals["inference_kernels"] and \
+            abs(e["dag_cost"] - totals["modelled_us"]) <= 0.05 * totals["modelled_us"]
+        print(f"| {path.stem} | {e['kernels']} | {totals['inference_kernels']} | {e['dag_cost']:.1f} | "
+              f"{totals['modelled_us']:.1f} | {'same' if same else 'DIFFERS'} |", flush=True)
+
+
 def main() -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--extractors", help="comma-separated extractors for the second table")
     ap.add_argument("--zoo", choices=("light", "real"), default="light", help="the second table's models")
+    ap.add_argument("--check", metavar="DIR", help="price a sample of DIR's models against what is emitted")
+    ap.add_argument("--sample", type=int, default=20)
     args = ap.parse_args()
+    if args.check:
+        check(args.check, args.sample)
+        return
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
     for path in sorted(light_model_paths()):
