@@ -16,7 +16,10 @@ input shapes; the first table is the light zoo's only).
 seeded choice) on gpu and prints, per model, the kernels and modelled µs the extraction
 priced against the ones the backend emitted: equal kernels and µs within 5 % is `same`.
 
-    python benchmarks/priced.py [--extractors greedy-dag,ilp,tree] [--zoo light|real]
+--target systolic:32x32 makes the first table the systolic one: cycles instead of µs
+(the stream's cycle model; the simulator is functional and counts none of its own).
+
+    python benchmarks/priced.py [--target T] [--extractors greedy-dag,ilp,tree] [--zoo light|real]
     python benchmarks/priced.py --check ~/.cache/apsat/corpus/onnx --sample 20
 """
 from __future__ import annotations
@@ -34,12 +37,13 @@ COLUMNS = ("model", "emitted µs", "imported µs", "speed-up", "kernels", "impor
            "e-node µs", "e-node / emitted", "chosen", "verified")
 
 
-def row(path) -> list[str]:
-    """The table's row for one light model."""
-    report = optimize(randomize_weights(onnx.load(str(path)), seed=0), target="gpu", verify=True, seed=0).report
+def row(path, target: str = "gpu") -> list[str]:
+    """The table's row for one light model. On a systolic target the figures are cycles
+    (the stream's cycle model) and the kernel columns are "-"."""
+    report = optimize(randomize_weights(onnx.load(str(path)), seed=0), target=target, verify=True, seed=0).report
     e = report["extraction"]
     return [path.stem.replace("light_", ""), f"{e['dag_cost']:.1f}", f"{e['dag_cost_before']:.1f}",
-            f"{e['modelled_speedup']:.2f}x", str(e["kernels"]), str(e["kernels_before"]),
+            f"{e['modelled_speedup']:.2f}x", str(e["kernels"] or "-"), str(e["kernels_before"] or "-"),
             f"{e['node_dag_cost']:.1f}", f"{e['node_dag_cost'] / e['dag_cost']:.2f}x", e["chosen"],
             str(report["verification"]["ok"])]
 
@@ -99,14 +103,16 @@ def main() -> None:
     ap.add_argument("--zoo", choices=("light", "real"), default="light", help="the second table's models")
     ap.add_argument("--check", metavar="DIR", help="price a sample of DIR's models against what is emitted")
     ap.add_argument("--sample", type=int, default=20)
+    ap.add_argument("--target", default="gpu", help="the first table's target (µs on gpu, cycles on systolic)")
     args = ap.parse_args()
     if args.check:
         check(args.check, args.sample)
         return
-    print("| " + " | ".join(COLUMNS) + " |")
+    unit = "µs" if args.target == "gpu" else "cycles"
+    print("| " + " | ".join(c.replace("µs", unit) for c in COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
     for path in sorted(light_model_paths()):
-        print("| " + " | ".join(row(path)) + " |", flush=True)
+        print("| " + " | ".join(row(path, args.target)) + " |", flush=True)
     if args.extractors:
         extractors = args.extractors.split(",")
         print("\nemitted µs (e-node cost) of each extractor's choice")
