@@ -7,8 +7,8 @@ model-zoo notebook displays them. Each is a list of (caption, Figure), made with
 tests/pipeline/test_report_scale.py checks on the rendered figures:
 
 - speed-ups get one panel per target, each with its own axis (logarithmic when its values
-  span more than LOG_SPAN): on a shared axis, systolic speed-ups in the hundreds flatten
-  gpu ones of about 2x to nothing;
+  span more than LOG_SPAN): on a shared axis, one target's large speed-ups would flatten
+  another's small ones to nothing;
 - models are rows of horizontal bars, ROW_INCHES a row, at most ROWS_PER_FIGURE rows a
   figure (more models: more figures, "models 51-100 of 150"), so tick labels never touch
   and no figure grows without bound;
