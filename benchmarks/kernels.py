@@ -321,10 +321,9 @@ def _why(e: BaseException) -> str:
 def _figures(res, entry, proto) -> dict:
     graph = res.lowered.artifact
     totals = res.report["gpu_kernels"]["totals"]
-    once = {s.name for s in graph.prepare_steps}
     # per inference: the weight preparation (BatchNorm folded into weights, weight
     # layouts) runs once when the model is loaded, as the modelled time already says
-    out = {"kernels": sum(1 for k in graph.kernels if k.name not in once),
+    out = {"kernels": totals["inference_kernels"],
            "host_steps": totals["host_steps"], "modelled_us": totals["modelled_us"],
            "prepare_steps": totals["prepare_steps"],
            "attention_kernels": sum(1 for k in graph.kernels if k.kind == "attention"),

@@ -222,11 +222,11 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
     given = _given_inputs(inputs, m)
     saturation = _saturate(eg, m, rules, regions, tell, seconds, **limits)
     rule_check = _check_rules(eg, m, check_rules, given, seed, tell, seconds) if rules else None
-    program = _timed("extract", tell, seconds, _extract, eg, handles, extractor)
-    program, lowered, planned = _timed("lower", tell, seconds, plan, backend, program, tgt, m.weights,
+    extracted = _timed("extract", tell, seconds, _extract, eg, handles, extractor)
+    program, lowered, planned = _timed("lower", tell, seconds, plan, backend, extracted, tgt, m.weights,
                                        lowering or {})
     before = _timed("price before", tell, seconds, price_of, backend, m.program, tgt, m.weights,
-                    lowering or {}) if planned else None
+                    lowering or {}, extracted, planned) if planned else None
     report = _report(m, target, rules, program, eg, loaded, saturation, seconds)
     into_extraction(report["extraction"], planned, before)
     report.update({"limits": limits}, **({"rule_check": rule_check} if rule_check else {}))

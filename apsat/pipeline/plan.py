@@ -12,7 +12,8 @@ made once and priced by the backend's own figures:
   is kept (the first on a tie); `lower` itself decides nothing more, so the kernels the
   report prices are the kernels that are emitted;
 * the imported program is lowered and priced the same way, so the modelled speed-up
-  compares like with like.
+  compares like with like (plan's price is reused where the extracted program is the
+  imported one: no rule ran, or none changed it).
 
 `extraction.dag_cost` is then the emitted program's price (µs or cycles), `kernels` its
 kernel count, and the extractor's own e-node figures stay beside them as
@@ -40,9 +41,14 @@ def plan(backend, program, target, weights, options: dict):
                              "chosen": label, "variants": rows}
 
 
-def price_of(backend, program, target, weights, options: dict) -> dict | None:
+def price_of(backend, program, target, weights, options: dict, extracted=None, figures=None) -> dict | None:
     """The backend's price of `program` as it is (the imported program, before any rule):
-    {"cost", "unit", "kernels"}, or None for a backend without a price."""
+    {"cost", "kernels"}, or None for a backend without a price. Where it is the
+    `extracted` program that `plan` priced (`figures`: no rule changed it, or none ran),
+    plan's price of it is taken rather than lowering it again."""
+    if figures is not None and extracted is not None and program.outputs == extracted.outputs:
+        first = figures["variants"][0]
+        return {"cost": first["cost"], "kernels": first["kernels"]}
     return backend.price(backend.lower(program, target, weights, options))
 
 
