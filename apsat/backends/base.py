@@ -1,7 +1,6 @@
 """One interface for every backend: lower a program, run it here, write it out.
 
     lowered = backend.lower(program, target, weights, options)   # Lowered, nothing written
-    backend.variants(program)    # [(label, program)]: the forms the pipeline prices
     backend.price(lowered)       # {"cost", "unit", "kernels"}: one inference, as emitted
     backend.run_skipped()        # None when run() works here at a sensible cost, else why not
     outputs = backend.run(lowered, tensors)                        # output name -> array
@@ -56,16 +55,10 @@ class Backend(ABC):
         """Lower an extracted Program for `target` (a Target); `weights` names the tensors
         known at load time; `options` are the backend's own (checked by check_options)."""
 
-    def variants(self, program) -> list[tuple[str, object]]:
-        """The programs the extracted `program` may run as, each with a label, the
-        extracted one first. The pipeline lowers each and keeps the cheapest by `price`:
-        a choice of what shares a kernel is made there, once, priced by what the backend
-        emits, and `lower` itself decides nothing more (apsat.pipeline.plan)."""
-        return [("as extracted", program)]
-
     def price(self, lowered: Lowered) -> dict | None:
-        """What one inference of the lowered program costs on the target, by the model the
-        extractor prices with: {"cost": float, "unit": str, "kernels": int | None};
+        """What one inference of the lowered program costs on the target: the planner's
+        price, by which the pipeline chooses among the extraction's candidates
+        (apsat.pipeline.plan), and `lower` itself decides nothing more: {"cost": float, "unit": str, "kernels": int | None};
         None for a backend that has no cost model (the reference interpreter)."""
         return None
 

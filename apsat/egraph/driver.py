@@ -168,6 +168,9 @@ class EGraph:
         new_tensors = [n for n in program.tensor_shapes if n not in self.tensor_shapes]
         statements = [f"(tensor-shape {egg_string(n)} {egg_ints(program.tensor_shapes[n])})"
                       for n in new_tensors]
+        # the order weights were added in: the order merged siblings concatenate them in
+        statements += [f"(weight-order {egg_string(n)} {len(self.tensor_shapes) + i})"
+                       for i, n in enumerate(new_tensors) if n in program.weights]
         height: dict[Term, int] = {}   # longest path down to a seeded (or leaf) term
         new_terms = []
         for term in program.terms():

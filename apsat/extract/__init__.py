@@ -21,6 +21,7 @@ from apsat.extract.cost import cost_model
 from apsat.extract.decode import decode_classes, language_graph
 from apsat.extract.greedy_dag import extract_greedy_dag
 from apsat.extract.ilp import ExtractionResult, extract_ilp
+from apsat.extract.sharing import merge_siblings
 from apsat.extract.tree import extract_tree
 
 EXTRACTORS = {"tree": extract_tree, "greedy-dag": extract_greedy_dag, "ilp": extract_ilp}
@@ -70,6 +71,16 @@ def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float |
     `optimal` and `gap`). `time_limit` (seconds) bounds extractors that take one (ilp).
     ExtractionError (an ApsatError and a ValueError) for an unknown method or cost model, no
     root, or a root with no acyclic program; EGraphError for a handle of another e-graph."""
+    return extract_candidates(eg, root, method, cost, time_limit, merges=False)[0][1]
+
+
+def extract_candidates(eg, root, method: str = "greedy-dag", cost=None, time_limit: float | None = None,
+                       merges: bool = True) -> list[tuple[str, Program]]:
+    """[(label, Program)]: "as extracted", extract's program, and where `merges` and the
+    e-graph holds sibling merges the program can take (apsat/rules/merge.egg), "siblings
+    merged", the same program with every such merge taken (apsat/extract/sharing.py).
+    The target's planner chooses between them by what the backend emits
+    (apsat/pipeline/plan.py). Arguments and errors as extract's."""
     _extractor(method)
     outputs = root if isinstance(root, dict) else {"out": root}
     if not outputs:
@@ -80,19 +91,33 @@ def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float |
     roots = [eg.class_of(h) for h in outputs.values()]
     model = cost_model(cost, eg.target)
     node_cost = model.node_cost(graph)
-    choice = _forced(graph, roots) or run_extractor(method, graph, roots, node_cost, time_limit)
+    forced = _forced(graph, roots)
+    choice = forced or run_extractor(method, graph, roots, node_cost, time_limit)
     check_roots(graph, choice, roots)
     used = check_extraction(graph, choice, roots)
-    terms = decode_classes(graph, choice, roots)
     seconds = time.perf_counter() - start
+    out = [("as extracted", _program(eg, graph, outputs, roots, choice, node_cost))]
+    out[0][1].extraction = {"method": method, "cost_model": model.name, "seconds": seconds,
+                            "classes_used": len(used), "egraph_nodes": len(graph.nodes)}
+    if isinstance(choice, ExtractionResult):
+        out[0][1].extraction.update(optimal=choice.optimal, gap=choice.gap)
+    if merges and not forced:
+        fill = choice if method == "greedy-dag" else extract_greedy_dag(graph, roots, node_cost)
+        merged = merge_siblings(graph, dict(choice), roots, fill)
+        if merged is not None:
+            check_extraction(graph, merged, roots)
+            program = _program(eg, graph, outputs, roots, merged, node_cost)
+            program.extraction = dict(out[0][1].extraction, classes_used=len(merged))
+            out.append(("siblings merged", program))
+    return out
+
+
+def _program(eg, graph, outputs: dict, roots, choice: dict, node_cost) -> Program:
+    """The Program `choice` makes of `outputs`, with its DAG cost as `.cost`."""
+    terms = decode_classes(graph, choice, roots)
     shapes = {t: graph.shapes[c] for c, t in terms.items() if c in (graph.shapes or {})}
     program = Program({name: terms[eg.class_of(h)] for name, h in outputs.items()},
                       dict(eg.tensor_shapes), dict(eg.opaque_nodes), weights=graph.weights,
                       known_shapes=shapes)
     program.cost = dag_cost(graph, choice, roots, node_cost)
-    program.extraction = {"method": method, "cost_model": model.name,
-                          "seconds": seconds, "classes_used": len(used),
-                          "egraph_nodes": len(graph.nodes)}
-    if isinstance(choice, ExtractionResult):
-        program.extraction.update(optimal=choice.optimal, gap=choice.gap)
     return program

@@ -92,8 +92,48 @@ def classification_text() -> str:
     return CLASSIFICATION_HEAD + "\n".join(rules)
 
 
+# weight-key of a term made of literals only (a zero bias): above every tensor's order, so
+# a key below it names a weight the term reads.
+LITERAL_KEY = 1 << 40
+
+# Ops whose result is not given a weight key although every operand has one: a
+# concatenation is what merge.egg builds of its members' weights, and a merged product must
+# not count as a member of a wider merge (the members stay the model's own products).
+NO_WEIGHT_KEY = ("access-concatenate",)
+
+
+def weight_keys_text() -> str:
+    """One rule per registry op giving a term whose operands are all weight-only the
+    least weight-key among them (the earliest-added weight it reads): the weight-only
+    analysis sibling merges read (apsat/rules/merge.egg)."""
+    rules = ['(rule ((= e (access-tensor nm)) (weight-order nm k)) ((set (weight-key e) k)) :ruleset shapes)',
+             f'(rule ((= e (access-literal v))) ((set (weight-key e) {LITERAL_KEY})) :ruleset shapes)']
+    for spec in OPS.values():
+        kinds = spec.signature
+        if spec.name in NO_WEIGHT_KEY or "exprs" in kinds or "expr" not in kinds:
+            continue
+        args = [f"a{i}" for i in range(len(kinds))]
+        keys = [f"k{i}" for i, k in enumerate(kinds) if k == "expr"]
+        query = " ".join(f"(= k{i} (weight-key a{i}))" for i, k in enumerate(kinds) if k == "expr")
+        least = keys[0]
+        for k in keys[1:]:
+            least = f"(min {least} {k})"
+        rules.append(f"(rule ((= e ({spec.name} {' '.join(args)})) {query}) "
+                     f"((set (weight-key e) {least})) :ruleset shapes)")
+    return WEIGHT_KEYS_HEAD + "\n".join(rules)
+
+
+WEIGHT_KEYS_HEAD = """\
+; Weight-only terms (generated from ops.OPS): weight-key e is defined when every tensor e
+; reads is a weight (known at load), and is the least weight-order among them; terms of
+; literals only get LITERAL_KEY. Concatenations get none (egg_gen.NO_WEIGHT_KEY).
+(relation weight-order (String i64))        ; set by the driver for every weight it adds
+(function weight-key (Expr) i64 :merge (min old new))
+"""
+
+
 SECTIONS = {"compute-ops": compute_ops_text, "exprs": exprs_text,
-            "classification": classification_text}
+            "classification": classification_text, "weight-keys": weight_keys_text}
 
 
 def expand(text: str) -> str:

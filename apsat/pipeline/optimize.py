@@ -222,8 +222,9 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
     given = _given_inputs(inputs, m)
     saturation = _saturate(eg, m, rules, regions, tell, seconds, **limits)
     rule_check = _check_rules(eg, m, check_rules, given, seed, tell, seconds) if rules else None
-    extracted = _timed("extract", tell, seconds, _extract, eg, handles, extractor)
-    program, lowered, planned = _timed("lower", tell, seconds, plan, backend, extracted, tgt, m.weights,
+    candidates = _timed("extract", tell, seconds, _extract, eg, handles, extractor)
+    extracted = candidates[0][1]
+    program, lowered, planned = _timed("lower", tell, seconds, plan, backend, candidates, tgt, m.weights,
                                        lowering or {})
     before = _timed("price before", tell, seconds, price_of, backend, m.program, tgt, m.weights,
                     lowering or {}, extracted, planned) if planned else None
@@ -337,9 +338,9 @@ def _check_rules(eg, m, check_rules, given, seed, tell, seconds) -> dict | None:
 
 
 def _extract(eg, handles, extractor):
-    from apsat.extract import extract
+    from apsat.extract import extract_candidates
 
-    return extract(eg, handles, method=extractor)
+    return extract_candidates(eg, handles, method=extractor)
 
 
 def _report(m, target, rules, program, eg, loaded, saturation, seconds) -> dict:

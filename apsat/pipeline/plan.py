@@ -1,16 +1,16 @@
-"""Decide once: the extracted program's forms, priced by what the target's backend emits.
+"""Decide once: the extraction's candidates, priced by what the target's backend emits.
 
 The extractor chooses a program by its e-node cost model (apsat/extract/cost_*.py: one
 roofline or cycle figure per e-node, shared classes paid once). What runs is what the
 backend makes of that program: on the gpu target element-wise chains ride on the kernels
 that produce or consume them, so the e-node figure overstates the emitted kernels' time
-(light ResNet-50: 490 µs against 293). Here the choice that is left after extraction is
-made once and priced by the backend's own figures:
+(light ResNet-50: 490 µs against 293). The planner is the backend's lowering and price:
 
-* each of `backend.variants(program)` (the gpu backend: as extracted, and with sibling
-  products merged into one gemm) is lowered and priced by `backend.price`, and the cheapest
-  is kept (the first on a tie); `lower` itself decides nothing more, so the kernels the
-  report prices are the kernels that are emitted;
+* each candidate of the extraction (apsat.extract.extract_candidates: the extractor's
+  program and, where the e-graph offers sibling merges, the program with every merge
+  taken) is lowered and priced by `backend.price`, and the cheapest is kept (the first on
+  a tie); `lower` itself decides nothing more, so the kernels the report prices are the
+  kernels that are emitted;
 * the imported program is lowered and priced the same way, so the modelled speed-up
   compares like with like (plan's price is reused where the extracted program is the
   imported one: no rule ran, or none changed it).
@@ -22,13 +22,14 @@ kernel count, and the extractor's own e-node figures stay beside them as
 from __future__ import annotations
 
 
-def plan(backend, program, target, weights, options: dict):
-    """(program, lowered, figures): the cheapest of the backend's variants of `program`,
-    lowered. figures: {"unit", "cost", "kernels", "chosen", "variants": [{"label", "cost",
-    "kernels"}]}, or None for a backend without a price (the program as extracted)."""
+def plan(backend, candidates, target, weights, options: dict):
+    """(program, lowered, figures): the cheapest of `candidates` ([(label, Program)], the
+    extractor's own first), lowered. figures: {"unit", "cost", "kernels", "chosen",
+    "variants": [{"label", "cost", "kernels"}]}, or None for a backend without a price
+    (the first candidate)."""
     best = None
     rows = []
-    for label, candidate in backend.variants(program):
+    for label, candidate in candidates:
         lowered = backend.lower(candidate, target, weights, options)
         price = backend.price(lowered)
         if price is None:

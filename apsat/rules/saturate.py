@@ -74,7 +74,8 @@ class Phase:
 # round trips (benchmarks/systolic.py: squeezenet 1.80x less DRAM traffic on 32x32).
 PLANS: dict[str, tuple[Phase, ...]] = {
     "gpu": (Phase("affine", ("affine",)), Phase("layout", ("layout",), iter_limit=12), Phase("algebra", ("algebra",), iter_limit=8),
-            Phase("fusion", ("fusion", "attention-fusion", "norm-fusion")), Phase("relayout", ("layout-join",))),
+            Phase("fusion", ("fusion", "attention-fusion", "norm-fusion")), Phase("relayout", ("layout-join",)),
+            Phase("merge", ("merge",), iter_limit=4)),
     "systolic": (Phase("affine", ("affine",)), Phase("layout", ("layout",), iter_limit=16),
                  Phase("fusion", ("fusion", "attention-fusion", "norm-fusion")),
                  Phase("relayout", ("layout-join",)), Phase("im2col", ("im2col",), iter_limit=16),

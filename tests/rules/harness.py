@@ -45,15 +45,17 @@ def helper_rules(family: str, prefix: str = "aux-") -> list[str]:
 
 
 def run_rule(rule_name: str, text: str, shapes: dict, target: str = "gpu", iter_limit: int = 8,
-             node_limit: int = 20_000, time_limit: float = 10.0, helpers=()):
+             node_limit: int = 20_000, time_limit: float = 10.0, helpers=(), weights=()):
     """Add `text` to a fresh e-graph and saturate with rule `rule_name` alone, or with the
     rules named in `helpers` beside it in its one-rule ruleset (a helper equal to
-    `rule_name` is loaded once). Returns (eg, root handle, run report); the report's
-    rule_matches count each rule by name, so `fired(report, rule_name)` still means the
-    rule under test. RuleError for an unknown rule or helper name. The e-graph is
-    fresh.fresh_egraph's: valid until the next call."""
+    `rule_name` is loaded once). `weights` names the tensors known at load (the program's
+    weights; rules that read weight-key need them). Returns (eg, root handle, run report);
+    the report's rule_matches count each rule by name, so `fired(report, rule_name)` still
+    means the rule under test. RuleError for an unknown rule or helper name. The e-graph
+    is fresh.fresh_egraph's: valid until the next call."""
     eg = fresh_egraph(target, declarations=True)
-    root = eg.add(apsat.parse(text, shapes))
+    program = apsat.parse(text, shapes)
+    root = eg.add(Program(program.outputs, program.tensor_shapes, weights=frozenset(weights)))
     if helpers:
         lib = library()
         names = [rule_name] + [h for h in dict.fromkeys(helpers) if h != rule_name]

@@ -24,14 +24,6 @@ class GpuBackend(Backend):
         graph = lower(program)
         return Lowered(program, graph, kernel_summary(kernel_figures(graph)))
 
-    def variants(self, program) -> list[tuple[str, object]]:
-        """The extracted program, and with its sibling products merged into one gemm
-        (merge.py) where there are some."""
-        from apsat.backends.gpu.merge import merge_siblings
-
-        merged = merge_siblings(program)
-        return [("as extracted", program)] + ([("siblings merged", merged)] if merged is not program else [])
-
     def price(self, lowered: Lowered) -> dict:
         """The kernels' and host steps' modelled time per inference and the kernels launched
         per inference (weight preparation, run once at load, left out), as the report's

@@ -90,8 +90,8 @@ def lower(program: Program, tiles: dict | None = None, tuned=None) -> KernelGrap
     The others come from the roofline search in apsat/backends/gpu/tiling.py.
 
     Which products share a gemm is not decided here: the program comes with its sibling
-    products merged or not, as the pipeline chose by pricing both (GpuBackend.variants,
-    apsat/pipeline/plan.py)."""
+    products merged or not, as extraction and the planner chose (apsat/rules/merge.egg,
+    apsat/extract/sharing.py, apsat/pipeline/plan.py)."""
     return _Lowering(program, tiles or {}, tuned).run()
 
 

@@ -34,7 +34,7 @@ def test_small_convnet_kernels():
 
 
 def test_encoder_block_kernels():
-    """Q, K and V projections merged into one gemm (merge.py) that reads the first layer
+    """Q, K and V projections merged into one gemm (merge.egg, taken by extraction) that reads the first layer
     norm (scale and shift included) through its rows' statistics; the attention atom
     (the scores' 1/sqrt(d) divide, written after the product, moved onto q by
     attention-fusion/aux-scores-divided and read in the kernel's q loads); output

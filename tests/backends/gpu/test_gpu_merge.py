@@ -1,7 +1,8 @@
-"""Sibling products merged into one gemm (apsat/backends/gpu/merge.py): which products
-merge, which do not and why, and that the merged kernels equal onnxruntime under the
-Triton interpreter (apsat.pipeline.verify's tolerances: rtol 1e-4, atol 1e-5 x the
-output's scale)."""
+"""Sibling products merged into one gemm, as the e-graph offers (apsat/rules/merge.egg),
+extraction takes (apsat/extract/sharing.py) and the planner prices
+(apsat/pipeline/plan.py): which products merge, which do not and why, and that the
+merged kernels equal onnxruntime under the Triton interpreter (apsat.pipeline.verify's
+tolerances: rtol 1e-4, atol 1e-5 x the output's scale)."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,6 @@ from onnx import helper
 
 import apsat
 from apsat.backends.gpu.lower import lower
-from apsat.backends.gpu.merge import merge_siblings
 
 
 def _projections(bias=True, seed=0):
@@ -60,20 +60,26 @@ def test_products_of_per_inference_operands_do_not_merge():
              helper.make_node("Add", ["a", "b"], ["y"])]
     res = apsat.optimize(apsat.load_onnx(make_model(nodes, {"x": (4, 6), "y1": (6, 5), "y2": (6, 5)}, ["y"])),
                          target="gpu", verify=False)
-    assert merge_siblings(res.program) is res.program
+    assert [v["label"] for v in res.report["extraction"]["variants"]] == ["as extracted"]
     assert len(_gemms(lower(res.program))) == 2
 
 
-def test_program_outputs_are_not_merged():
-    """Two projections that are both outputs: merging would need a copy of each slice."""
+def test_program_outputs_are_merged_only_where_the_copies_pay():
+    """Two projections that are both outputs: the merged product's slices each need a
+    copy out, which the planner prices (3 kernels against 2) and declines."""
     rng = np.random.default_rng(3)
     w = {"w1": rng.standard_normal((6, 5)).astype(np.float32),
          "w2": rng.standard_normal((6, 5)).astype(np.float32)}
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]),
              helper.make_node("MatMul", ["x", "w2"], ["b"])]
     res = apsat.optimize(apsat.load_onnx(make_model(nodes, {"x": (4, 6)}, ["a", "b"], w)),
-                         target="gpu", verify=False)
-    assert merge_siblings(res.program) is res.program
+                         target="gpu", verify=True)
+    ext = res.report["extraction"]
+    priced = {v["label"]: v for v in ext["variants"]}
+    assert ext["chosen"] == "as extracted"
+    assert priced["siblings merged"]["kernels"] > priced["as extracted"]["kernels"] == 2
+    assert priced["siblings merged"]["cost"] > priced["as extracted"]["cost"]
+    assert res.report["verification"]["ok"]
 
 
 def test_gate_with_silu_and_up_merge_into_one_gemm(triton_run):
