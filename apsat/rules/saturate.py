@@ -39,6 +39,10 @@ class Phase:
     node_limit: int = 100_000
     time_limit: float = DEFAULT_TIME_LIMIT
     memory_limit: float | None = None
+    # Saturating by regions (apsat.rules.regions), the phase also runs once over the whole
+    # e-graph after the regions: its matches span region boundaries (sibling products read
+    # one shared input, and a shared term is where regions are cut).
+    whole: bool = False
 
     def limits(self) -> dict:
         """The phase's four limits by keyword (as EGraph.run takes them)."""
@@ -75,7 +79,7 @@ class Phase:
 PLANS: dict[str, tuple[Phase, ...]] = {
     "gpu": (Phase("affine", ("affine",)), Phase("layout", ("layout",), iter_limit=12), Phase("algebra", ("algebra",), iter_limit=8),
             Phase("fusion", ("fusion", "attention-fusion", "norm-fusion")), Phase("relayout", ("layout-join",)),
-            Phase("merge", ("merge",), iter_limit=4)),
+            Phase("merge", ("merge",), iter_limit=4, whole=True)),
     "systolic": (Phase("affine", ("affine",)), Phase("layout", ("layout",), iter_limit=16),
                  Phase("fusion", ("fusion", "attention-fusion", "norm-fusion")),
                  Phase("relayout", ("layout-join",)), Phase("im2col", ("im2col",), iter_limit=16),
@@ -160,7 +164,14 @@ def _saturate_by_regions(eg, program, rules, library, caller: dict, progress) ->
         progress("regions")
     stats = saturate_regions(eg, program, lambda teg: saturate(teg, rules, library, **caller))
     rep = stats.pop("template_report")
+    phases = list(rep["phases"])
+    for phase in default_plan(eg.target) if rules is None else ():
+        if phase.whole and all(r in library.rulesets for r in phase.rulesets):
+            if progress:
+                progress(phase.name)
+            library.load_into(eg, phase.rulesets)
+            phases.append(dict(_run_phase(eg, phase.capped(**caller)), whole=True))
     nodes, classes = eg.size()
-    return {"phases": rep["phases"], "skipped": rep["skipped"], "regions": stats,
+    return {"phases": phases, "skipped": rep["skipped"], "regions": stats,
             "seconds": round(time.perf_counter() - start, 4), "nodes": nodes, "classes": classes,
             "overshoot": rep.get("overshoot", 0)}

@@ -100,3 +100,20 @@ def test_gate_with_silu_and_up_merge_into_one_gemm(triton_run):
     assert "silu" in {t.args[0].op for t in res.program.terms() if t.op in ("compute", "fused-dot-bias-act")}
     gate_up, down = _gemms(graph)
     assert gate_up.axes["n"] == (20,) and down.axes["k"] == (10,)
+
+
+def test_siblings_in_different_regions_merge_when_saturating_by_regions():
+    """q read twice is a region of its own, k and v lie in y's region: by regions each
+    is saturated apart, and the merge phase runs once more over the whole e-graph
+    (Phase.whole), so the three still become one gemm."""
+    rng = np.random.default_rng(5)
+    w = {f"w{n}": (rng.standard_normal((12, 8)) * 0.3).astype(np.float32) for n in "qkv"}
+    nodes = [helper.make_node("MatMul", ["x", f"w{n}"], [n]) for n in "qkv"]
+    nodes += [helper.make_node("Mul", ["q", "k"], ["qk"]), helper.make_node("Add", ["qk", "v"], ["s"]),
+              helper.make_node("Add", ["s", "q"], ["y"])]
+    res = apsat.optimize(apsat.load_onnx(make_model(nodes, {"x": (2, 5, 12)}, ["y"], w)),
+                         target="gpu", regions=True, verify=True)
+    sat = res.report["saturation"]
+    assert sat["regions"]["used"] and [p for p in sat["phases"] if p.get("whole")][0]["phase"] == "merge"
+    assert res.report["extraction"]["chosen"] == "siblings merged"
+    assert len(_gemms(lower(res.program))) == 1 and res.report["verification"]["ok"]
