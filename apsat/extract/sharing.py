@@ -38,7 +38,8 @@ def merge_siblings(graph: ExtractionGraph, choice: dict[str, str], roots, fill=N
         trial = dict(best)
         for _, steps in readers:
             trial.update(steps)
-        if not _complete(graph, trial, product, fill) or find_back_edge(graph, trial, roots) is not None:
+        needed = [k for _, steps in readers for n in steps.values() for k in graph.node_classes[n]]
+        if not _complete(graph, trial, needed, fill) or find_back_edge(graph, trial, roots) is not None:
             continue
         best, merged = trial, merged + 1
         taken.update(c for c, _ in readers)
@@ -79,10 +80,11 @@ def _is_product(graph: ExtractionGraph, cls: str) -> bool:
     return any(graph.nodes[n]["op"] in PRODUCTS for n in graph.classes.get(cls, ()))
 
 
-def _complete(graph: ExtractionGraph, trial: dict, start: str, fill: dict) -> bool:
-    """Give every class reachable from `start` that `trial` has no node for `fill`'s
-    node; False when `fill` has none."""
-    stack = [start]
+def _complete(graph: ExtractionGraph, trial: dict, start: list, fill: dict) -> bool:
+    """Give every class reachable from the classes `start` that `trial` has no node for
+    `fill`'s node (the merged product, and the slice bounds a new slice node reads);
+    False when `fill` has none."""
+    stack = list(start)
     while stack:
         k = stack.pop()
         if k in trial:

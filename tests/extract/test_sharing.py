@@ -16,15 +16,16 @@ from apsat.extract.sharing import merge_siblings
 from apsat.rules.saturate import saturate
 
 
-def _graph(product_reads_a=False, act_on_b=False):
+def _graph(product_reads_a=False, act_on_b=False, bounds=False):
     """root = pair(a, b); a and b products of x, each also a slice of product m (b, with
-    act_on_b, through relu(d), d a slice of m); m reads a itself with product_reads_a."""
+    act_on_b, through relu(d), d a slice of m); m reads a itself with product_reads_a; with
+    bounds, a's slice also reads a bound class (as egglog's i64 classes are)."""
     def node(op, cls, *kids):
         return {"op": op, "eclass": cls, "children": list(kids), "cost": 1.0}
 
-    nodes = {n: node("access-tensor", n) for n in ("x", "wa", "wb", "w")}
+    nodes = {n: node("access-tensor", n) for n in ("x", "wa", "wb", "w", "lo")}
     nodes.update(r0=node("access-pair", "r", "a0", "b0"),
-                 a0=node("fused-dot-bias", "a", "x", "wa", "wa"), a1=node("access-slice", "a", "m0"),
+                 a0=node("fused-dot-bias", "a", "x", "wa", "wa"), a1=node("access-slice", "a", "m0", *(["lo"] if bounds else [])),
                  m0=node("fused-dot-bias", "m", "x", "a0" if product_reads_a else "w", "w"))
     if act_on_b:
         nodes.update(b0=node("fused-dot-bias-act", "b", "x", "wb", "wb"), b1=node("compute", "b", "x", "d0"),
@@ -48,6 +49,16 @@ def test_a_member_under_its_own_activation_reads_its_slice_through_it():
     graph, choice = _graph(act_on_b=True)
     merged = merge_siblings(graph, choice, ["r"])
     assert (merged["a"], merged["b"], merged["d"]) == ("a1", "b1", "d0")
+
+
+def test_classes_the_slices_newly_read_come_from_fill():
+    """An extractor's choice covering only the classes it uses (the ILP's): the merged
+    product and a slice's bound class are taken from `fill`."""
+    graph, full = _graph(bounds=True)
+    used = {c: full[c] for c in ("r", "a", "b", "x", "wa", "wb")}
+    merged = merge_siblings(graph, used, ["r"], fill=full)
+    assert merged["lo"] == "lo" and merged["m"] == "m0"
+    assert merge_siblings(graph, used, ["r"], fill=used) is None     # nothing to complete from
 
 
 def test_a_merge_that_closes_a_cycle_is_left_alone():
