@@ -79,7 +79,7 @@ class Phase:
 PLANS: dict[str, tuple[Phase, ...]] = {
     "gpu": (Phase("affine", ("affine",)), Phase("layout", ("layout",), iter_limit=12), Phase("algebra", ("algebra",), iter_limit=8),
             Phase("fusion", ("fusion", "attention-fusion", "norm-fusion")), Phase("relayout", ("layout-join",)),
-            Phase("merge", ("merge",), iter_limit=4, whole=True)),
+            Phase("merge", ("merge",), iter_limit=8, whole=True)),
     "systolic": (Phase("affine", ("affine",)), Phase("layout", ("layout",), iter_limit=16),
                  Phase("fusion", ("fusion", "attention-fusion", "norm-fusion")),
                  Phase("relayout", ("layout-join",)), Phase("im2col", ("im2col",), iter_limit=16),
