@@ -64,7 +64,7 @@ def load_onnx(source, input_shapes: dict | None = None, representatives: dict | 
     representative values (`representatives`, name -> value, else each role's default),
     and `Model.notices` says so."""
     start = time.perf_counter()
-    proto, path = read_model(source)
+    proto, path, external = read_model(source)
     label = str(path) if path else ""
     check_strings(proto, label)
     check_structure(proto, label)
@@ -73,7 +73,7 @@ def load_onnx(source, input_shapes: dict | None = None, representatives: dict | 
     while True:
         inputs, notices, symbols, signature = true_inputs(proto, input_shapes or {}, label, given)
         try:
-            program, importer = _import(proto, inputs, symbols, label)
+            program, importer = _import(proto, inputs, symbols, label, external)
             break
         except ModelError as e:
             lower = smaller(symbols, fixed_dims(proto), set(representatives or {}))
@@ -87,18 +87,19 @@ def load_onnx(source, input_shapes: dict | None = None, representatives: dict | 
         notices.append(f"the model does not import with its symbolic dims at {'; at '.join(refused)}")
     types = input_types(proto)
     return Model(program=program, inputs=inputs, weights=importer.weights, onnx=proto,
-                 path=path, import_seconds=time.perf_counter() - start,
+                 path=path, external=external, import_seconds=time.perf_counter() - start,
                  input_types={n: types[n] for n in inputs}, notices=notices,
                  symbols=symbols, signature=signature, generated=importer.symbolic.generated)
 
 
-def _import(proto, inputs: dict, symbols: dict, label: str):
-    """(program, importer) for the model with its true inputs at `inputs`."""
+def _import(proto, inputs: dict, symbols: dict, label: str, external: dict):
+    """(program, importer) for the model with its true inputs at `inputs`; `external`:
+    name -> memmap of the weights kept in external data."""
     for name, dims in inputs.items():         # before anything is allocated for them
         check_dims(label, f"input {name!r}", dims)
     skeleton = model_skeleton(proto, inputs)
     info, complaint = infer_and_check(skeleton, label)
-    importer = Importer(proto, inputs, info, label)
+    importer = Importer(proto, inputs, info, label, external)
     importer.symbolic = SymbolFolding(s.value for s in symbols.values())
     try:
         program = importer.run()
@@ -128,8 +129,9 @@ def _tensor_array(init) -> np.ndarray:
 class Importer:
     """Walks the nodes of one model, keeping each ONNX value as a Term or a Const."""
 
-    def __init__(self, proto, inputs: dict, info: dict, label: str = ""):
+    def __init__(self, proto, inputs: dict, info: dict, label: str = "", external: dict | None = None):
         self.proto, self.graph, self.info, self.label = proto, proto.graph, info, label
+        self.external = external or {}     # name -> memmap of an external-data weight
         self.opsets = {o.domain or "": o.version for o in proto.opset_import}
         self.tensor_shapes: dict[str, tuple] = {}
         self.b = Builder(self.tensor_shapes)
@@ -161,7 +163,8 @@ class Importer:
             if init.name not in self.inputs and init.name in self.used:
                 check_dims(self.label, f"initializer {init.name!r}", init.dims, empty_ok=True)
                 try:
-                    self.env[init.name] = Const(_tensor_array(init), weight=True)
+                    value = self.external[init.name] if init.name in self.external else _tensor_array(init)
+                    self.env[init.name] = Const(value, weight=True)
                 except ValueError as e:   # data that does not fill the dims, or a bad type
                     raise ModelError(f"{file_prefix(self.label)}initializer {init.name!r} of dims "
                                      f"{tuple(init.dims)}: {first_line(e)}") from None

@@ -28,7 +28,9 @@ class Model:
     `symbols` the symbolic dims (name -> apsat.frontend.symbols.Symbol, the program built
     at their values) and `signature` each input's declared dims (ints and symbol names);
     `generated` the weights that are a Range of symbolic length (name -> (start, delta)),
-    which a program at another size computes afresh."""
+    which a program at another size computes afresh; `external` the initializers kept in
+    external data (name -> read-only memmap; apsat.frontend.external), whose bytes `onnx`
+    does not hold."""
 
     program: Program
     inputs: dict[str, tuple[int, ...]]
@@ -41,6 +43,7 @@ class Model:
     symbols: dict = field(default_factory=dict)
     signature: dict = field(default_factory=dict)
     generated: dict = field(default_factory=dict)
+    external: dict = field(default_factory=dict)
 
     def run(self, inputs: dict) -> dict[str, np.ndarray]:
         """Evaluate the program with the reference interpreter: {output name: array of

@@ -33,9 +33,13 @@ def first_line(e: Exception) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def read_model(source) -> tuple[onnx.ModelProto, Path | None]:
-    """(the ModelProto, its path or None) from a path or a ModelProto; ModelError for a
-    missing, empty or unparsable file and for a protobuf that is not a model."""
+def read_model(source) -> tuple[onnx.ModelProto, Path | None, dict]:
+    """(the ModelProto, its path or None, name -> memmap of each large external-data
+    weight) from a path or a ModelProto; a file's external data is mapped, not read
+    (apsat.frontend.external). ModelError for a missing, empty or unparsable file, a
+    protobuf that is not a model, and external data that is missing or short."""
+    from apsat.frontend.external import has_external, open_external
+
     if isinstance(source, onnx.ModelProto):
         proto, path = source, None
     else:
@@ -49,14 +53,15 @@ def read_model(source) -> tuple[onnx.ModelProto, Path | None]:
         if not head:
             raise ModelError(f"{path}: empty file, not an ONNX model")
         try:
-            proto = onnx.load(str(path))
-        except Exception as e:        # protobuf's DecodeError, or external-data trouble
+            proto = onnx.load(str(path), load_external_data=False)
+        except Exception as e:        # protobuf's DecodeError
             what = "truncated or corrupt ONNX file" if head == b"\x08" else "not an ONNX file"
             raise ModelError(f"{path}: {what} (its protobuf does not parse: "
                              f"{first_line(e).split(': ')[-1]})") from None
     if not proto.HasField("graph") or proto.ir_version == 0:
         raise ModelError(f"{path or 'model'}: not an ONNX model (no graph or IR version)")
-    return proto, path
+    external = open_external(proto, path.parent, str(path)) if path and has_external(proto) else {}
+    return proto, path, external
 
 
 def node_name(idx: int, node) -> str:
@@ -198,7 +203,8 @@ def model_skeleton(proto, inputs: dict) -> onnx.ModelProto:
             vi = helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, inputs[vi.name])
         g.input.append(vi)
     for init in src.initializer:
-        if init.data_type not in FLOAT_TYPES or int(np.prod(init.dims)) <= SKELETON_MAX_ELEMENTS:
+        external = init.data_location == onnx.TensorProto.EXTERNAL   # mapped, not in the proto
+        if not external and (init.data_type not in FLOAT_TYPES or int(np.prod(init.dims)) <= SKELETON_MAX_ELEMENTS):
             g.initializer.append(init)
         elif init.name not in declared:
             g.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))

@@ -29,7 +29,7 @@ def runnable(model, source, input_shapes, representatives, seed: int):
     refused, user = [], set(representatives or {})
     for _ in range(3):
         try:
-            run_oracle(model.onnx, random_inputs(model, seed))
+            run_oracle(model.onnx, random_inputs(model, seed), getattr(model, "external", None))
             break
         except ApsatError as e:
             lower = smaller(model.symbols, fixed_dims(model.onnx), user)
@@ -115,7 +115,7 @@ def _check(model, general, values: dict, seed: int) -> dict:
     dims = {n: at(d, values) for n, d in general.tensor_dims.items() if n in model.signature}
     inputs = random_inputs(dataclasses.replace(model, inputs=dims), seed)
     try:
-        oracle = run_oracle(model.onnx, inputs)
+        oracle = run_oracle(model.onnx, inputs, getattr(model, "external", None))
     except ApsatError as e:
         entry["skipped"] = f"the original does not run at these sizes: {e}"
         return entry

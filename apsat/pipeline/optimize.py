@@ -54,32 +54,13 @@ class OptimizeResult:
         """The program as an ONNX model (apsat.backends.onnx.export_onnx) with the
         original's input and output names and types (and symbolic dims, where the program
         holds for every size: report["dynamic"]), its metadata naming the apsat version,
-        target, rules and extractor; saved to `path` when given. ExportError (an
-        ApsatError, one line) for a program ONNX cannot express (a systolic-array atom)."""
-        from apsat.backends.onnx import export_onnx
+        target, rules and extractor; saved to `path` when given. Weights past protobuf's
+        2 GB are written as external data beside `path` (which is then required).
+        ExportError (an ApsatError, one line) for a program ONNX cannot express (a
+        systolic-array atom). See apsat.pipeline.export."""
+        from apsat.pipeline.export import export_result
 
-        r = self.report
-        meta = {"apsat_version": _version(), "apsat_target": r.get("target", ""),
-                "apsat_rules": ",".join(map(str, r.get("rules") or [])) or "default plan",
-                "apsat_extractor": (r.get("extraction") or {}).get("method", ""),
-                "apsat_input_dims": json.dumps({n: list(d) for n, d in self.model.inputs.items()})}
-        self.export_note = None
-        if self.general is not None:
-            from apsat.backends.onnx.views import ExportError
-            from apsat.pipeline.dynamic import export_general
-
-            try:
-                proto = export_general(self.model, self.general, lambda p, m, v: export_onnx(p, m, meta, v))
-            except ExportError as e:   # the program is general, its export is not: fixed sizes, said
-                self.export_note = f"symbolic dims fixed at the representative sizes: {e}"
-                proto = export_onnx(self.program, self.model, {**meta, "apsat_dynamic": self.export_note})
-        else:
-            proto = export_onnx(self.program, self.model, meta)
-        if path is not None:
-            import onnx
-
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            onnx.save(proto, str(path))
+        proto, self.export_note = export_result(self, path)
         return proto
 
     def write(self, out_dir, compile_kernels=True, onnx_out=False) -> Path:
@@ -120,16 +101,6 @@ class OptimizeResult:
         path = out_dir / "report.json"
         path.write_text(json.dumps(report, indent=2, default=str) + "\n")
         return path
-
-
-def _version() -> str:
-    """The installed apsat's version (the source tree's when it is not installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("apsat")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 # Past this many terms a program is saturated region by region unless told otherwise: the
@@ -375,7 +346,7 @@ def _verify(m, program, backend, lowered, report, given, seed, tell, seconds, ve
     from apsat.pipeline.zoo import random_inputs
 
     inputs = given if given is not None else random_inputs(m, seed)
-    oracle = _timed("oracle", tell, seconds, run_oracle, m.onnx, inputs)
+    oracle = _timed("oracle", tell, seconds, run_oracle, m.onnx, inputs, m.external)
     report["verification"] = _timed("verify", tell, seconds,
                                     lambda: verify_program(m, program, inputs, oracle=oracle).to_dict())
     # run_skipped may import torch to look for a GPU (~0.8 s): a phase of its own

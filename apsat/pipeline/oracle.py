@@ -36,10 +36,14 @@ ELEMENTWISE = {"Erf", "HardSigmoid", "HardSwish", "Gelu", "Softplus", "Softsign"
 # HardSwish and Gelu are function ops that onnxruntime expands into HardSigmoid and Erf.
 _NO_DOUBLE = {"Conv", "AveragePool", "GlobalAveragePool", "LRN", "InstanceNormalization", "Erf", "HardSigmoid", "HardSwish", "Gelu"}
 _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\)")
-# Float initializers of this many elements or more reach onnxruntime as external
-# initializers (numpy arrays beside the model), so the copy's protobuf stays small: no
-# serialising of VGG19's 1.1 GB of doubles, no 2 GiB protobuf limit.
+# Float initializers of this many elements or more reach onnxruntime as graph inputs fed
+# numpy arrays, so the copy's protobuf stays small (no serialising of VGG19's 1.1 GB of
+# doubles, no 2 GiB protobuf limit) and onnxruntime holds no copy of them.
 EXTERNAL_ELEMENTS = 1024
+# The float64 copy's weights are twice the model's float32 bytes on top of them: past this
+# (a 0.27B-parameter model) the copy is not made and verification uses the fixed-tolerance
+# rule, so that a model's verification needs little more memory than its weights.
+FLOAT64_WEIGHT_BYTES = 2 * 2**30
 _DTYPE_ATTR_OPS = {"EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike",
                    "RandomUniformLike", "Bernoulli"}
 
@@ -48,10 +52,21 @@ class NoFloat64(Exception):
     """No float64 copy of the model runs in onnxruntime; the message says why."""
 
 
-def float64_run(model_proto: onnx.ModelProto, inputs: dict) -> tuple[dict[str, np.ndarray], list[str]]:
+def float64_run(model_proto: onnx.ModelProto, inputs: dict,
+                external: dict | None = None) -> tuple[dict[str, np.ndarray], list[str]]:
     """(every graph output of the float64 copy on `inputs` (float inputs as double), notes
-    saying which ops were rewritten or ran in float32). NoFloat64 when no copy runs."""
-    from apsat.pipeline.zoo import ort_session
+    saying which ops were rewritten or ran in float32). `external`: name -> array of the
+    weights the proto keeps as external data. NoFloat64 when no copy runs, or when its
+    weights would pass FLOAT64_WEIGHT_BYTES."""
+    from apsat.pipeline.zoo import ort_session, weights_as_inputs
+
+    external = external or {}
+    big = [i for i in model_proto.graph.initializer
+           if i.data_type == FLOAT and (_elements(i) >= EXTERNAL_ELEMENTS or i.name in external)]
+    need = 8 * sum(_elements(i) for i in big)
+    if need > FLOAT64_WEIGHT_BYTES:
+        raise NoFloat64(f"its weights in float64 would take {need / 2**30:.1f} GiB "
+                        f"(more than {FLOAT64_WEIGHT_BYTES / 2**30:.0f} GiB)")
 
     feeds = {k: np.asarray(v, np.float64) if np.asarray(v).dtype == np.float32 else v
              for k, v in inputs.items()}
@@ -59,12 +74,12 @@ def float64_run(model_proto: onnx.ModelProto, inputs: dict) -> tuple[dict[str, n
     unknown = [n for n in _decomposed_inputs(model_proto.graph) if not _known(shapes.get(n))]
     if unknown:     # shape inference fell short (a Reshape fed by computed shapes)
         shapes.update(measured_shapes(model_proto, inputs, unknown))
-    weights = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in model_proto.graph.initializer
-               if i.data_type == FLOAT and _elements(i) >= EXTERNAL_ELEMENTS}
+    weights = {i.name: (external[i.name] if i.name in external else numpy_helper.to_array(i)).astype(np.float64)
+               for i in big}
     for _ in range(8):     # each refusal names one more op without a double kernel
         copy, notes = float64_copy(model_proto, shapes, floats, set(weights))
-        try:
-            sess = ort_session(copy, weights)
+        try:   # the weights fed as inputs: onnxruntime copies initializers, not feeds
+            sess = ort_session(weights_as_inputs(copy, weights))
         except Exception as e:     # onnxruntime refuses the copy: find out why
             text = _first_line(e)
             missing = _NO_KERNEL.search(text)
@@ -74,7 +89,7 @@ def float64_run(model_proto: onnx.ModelProto, inputs: dict) -> tuple[dict[str, n
             continue
         names = [o.name for o in sess.get_outputs()]
         try:
-            return dict(zip(names, sess.run(names, feeds))), notes
+            return dict(zip(names, sess.run(names, {**feeds, **weights}))), notes
         except Exception as e:     # a kernel that refuses doubles only when it runs
             raise NoFloat64(f"the float64 copy fails in onnxruntime: {_first_line(e)}") from None
     raise NoFloat64("onnxruntime refuses the float64 copy: too many ops without a double kernel")

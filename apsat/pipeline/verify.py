@@ -76,15 +76,17 @@ class Oracle:
     notes: list[str] = field(default_factory=list)
 
 
-def run_oracle(model_proto, inputs: dict) -> Oracle:
+def run_oracle(model_proto, inputs: dict, external: dict | None = None) -> Oracle:
     """onnxruntime on the original model in float32 and, where it runs, on its float64
-    copy (apsat.pipeline.oracle.float64_run); ModelError when the float32 run fails."""
+    copy (apsat.pipeline.oracle.float64_run); `external`: the model's external-data
+    weights (apsat.frontend.external), fed where they lie. ModelError when the float32
+    run fails."""
     from apsat.pipeline.oracle import NoFloat64, float64_run
     from apsat.pipeline.zoo import ort_run
 
-    expected = ort_run(model_proto, inputs)
+    expected = ort_run(model_proto, inputs, external)
     try:
-        reference, notes = float64_run(model_proto, inputs)
+        reference, notes = float64_run(model_proto, inputs, external)
     except NoFloat64 as e:
         return Oracle(expected, None, f"float32 (no float64 copy runs: {e})")
     return Oracle(expected, reference, "float64 (onnxruntime)", notes)
@@ -162,7 +164,7 @@ def verify_program(model, program, inputs: dict, rtol: float = RTOL, atol: float
     `oracle` given, computed on the same inputs)."""
     from apsat.lang.evaluate import evaluate
 
-    oracle = oracle or run_oracle(model.onnx, inputs)
+    oracle = oracle or run_oracle(model.onnx, inputs, getattr(model, "external", None))
     got = evaluate(program, {**model.weights, **inputs})
     if not isinstance(got, dict):
         got = {next(iter(program.outputs)): got}

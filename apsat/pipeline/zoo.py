@@ -122,9 +122,33 @@ def ort_session(model_proto: onnx.ModelProto, external: dict | None = None):
     return ort.InferenceSession(model_proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def ort_run(model_proto: onnx.ModelProto, inputs: dict) -> dict[str, np.ndarray]:
-    """All graph outputs from onnxruntime (`ort_session`) on `inputs`; ModelError (one
-    line) when onnxruntime refuses the model."""
+def weights_as_inputs(model_proto: onnx.ModelProto, names) -> onnx.ModelProto:
+    """A copy (without those tensors' bytes) whose initializers in `names` are typed graph
+    inputs instead: fed at run time, onnxruntime reads the arrays where they lie, where
+    it copies an initializer (external ones included) into the session."""
+    names = set(names)
+    model = onnx.ModelProto()
+    model.ir_version, g, src = model_proto.ir_version, model.graph, model_proto.graph
+    model.opset_import.extend(model_proto.opset_import)
+    model.functions.extend(model_proto.functions)
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(g, field).extend(getattr(src, field))
+    g.name = src.name
+    declared = {i.name for i in src.input}
+    for init in src.initializer:
+        if init.name not in names:
+            g.initializer.append(init)
+        elif init.name not in declared:
+            g.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return model
+
+
+def ort_run(model_proto: onnx.ModelProto, inputs: dict, weights: dict | None = None) -> dict[str, np.ndarray]:
+    """All graph outputs from onnxruntime (`ort_session`) on `inputs`; `weights` (name ->
+    array, the model's external-data weights) are fed as inputs (`weights_as_inputs`).
+    ModelError (one line) when onnxruntime refuses the model."""
+    if weights:
+        model_proto, inputs = weights_as_inputs(model_proto, weights), {**inputs, **weights}
     try:
         sess = ort_session(model_proto)
         names = [o.name for o in sess.get_outputs()]

@@ -83,7 +83,9 @@ def _dense_in(b: Builder, v: Val, order: list) -> Val:
         a = np.broadcast_to(v.aligned_array(), v.shape)
         a = np.transpose(a[tuple(0 if i in rest else slice(None) for i in range(a.ndim))],
                          [sorted(order).index(i) for i in order])
-        return Val(None, a.shape, tuple(range(a.ndim)), a.shape, np.ascontiguousarray(a))
+        # a view (Builder.const makes the bytes contiguous when it writes them, or, for
+        # an external-data export, one tensor at a time as it saves them)
+        return Val(None, a.shape, tuple(range(a.ndim)), a.shape, a)
     for axis in sorted(rest, reverse=True):          # broadcast axes: dropped, no node
         v = squeeze(v, axis)
     kept = sorted(order)

@@ -16,6 +16,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from apsat.backends.onnx.compute import OPSET
+from apsat.backends.onnx.external import reading
 from apsat.backends.onnx.fuse import fuse
 from apsat.backends.onnx.fold import fold_weights, weight_only_terms
 from apsat.backends.onnx.graph import Builder, Val, dense, tensor_val
@@ -28,15 +29,18 @@ CONTRIB = "com.microsoft"
 IR_VERSION = 10
 
 
-def export_onnx(program, model, metadata: dict | None = None, varying=frozenset()) -> onnx.ModelProto:
+def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(),
+                arrays: dict | None = None) -> onnx.ModelProto:
     """The ONNX model of `program` (an extracted Program) for the loaded `model`
     (apsat.load_onnx's Model: its weights and original ModelProto). `metadata` becomes
     the model's metadata_props. `varying`: terms whose shapes follow symbolic dims, which
     are computed by nodes even where they read only weights (apsat.backends.onnx.dynamic
-    makes such an export general). ExportError (one line) when the program has a term
-    ONNX cannot express."""
+    makes such an export general). With `arrays` (a dict to fill), large constants are
+    external-data stubs whose arrays go there, for `external.save_external` to write (a
+    model past protobuf's 2 GB); the check then waits for the saved file. ExportError
+    (one line) when the program has a term ONNX cannot express."""
     _refuse_hardware(program)
-    b = Builder()
+    b = Builder(arrays)
     src = model.onnx.graph
     types = {v.name: v.type.tensor_type.elem_type for v in list(src.input) + list(src.output)}
     consts = fold_weights(program, model.weights, varying)
@@ -55,13 +59,15 @@ def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(
     tidy(graph)
     out = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(CONTRIB, 1)],
                             producer_name="apsat", ir_version=IR_VERSION)
-    fuse(out)
+    with reading(arrays or {}):
+        fuse(out)
     tidy(out.graph)
     if CONTRIB not in _domains(out.graph):
         out.opset_import.pop()
     for key, value in (metadata or {}).items():
         out.metadata_props.add(key=str(key), value=str(value))
-    check(out)
+    if arrays is None:
+        check(out)
     return out
 
 

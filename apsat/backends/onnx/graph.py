@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from apsat.backends.onnx.external import EXTERNAL_BYTES, external_stub
+
 
 INTEGER_TYPES = {TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
                  TensorProto.UINT64, TensorProto.UINT32, TensorProto.UINT16, TensorProto.UINT8,
@@ -79,9 +81,12 @@ def const_val(array: np.ndarray, shape: tuple | None = None) -> Val:
 class Builder:
     """Nodes, initializers and names of the graph being written."""
 
-    def __init__(self):
+    def __init__(self, arrays: dict | None = None):
         self.nodes: list = []
         self.initializers: dict[str, TensorProto] = {}
+        # With `arrays`, a constant past EXTERNAL_BYTES is an external-data stub whose array
+        # goes here (the export of a model past protobuf's 2 GB: apsat.backends.onnx.external).
+        self.arrays = arrays
         self.domains: set[str] = set()
         self._count = 0
         self._shared: dict[bytes, str] = {}
@@ -107,16 +112,27 @@ class Builder:
 
     def const(self, array, hint: str = "const", dtype=np.float32) -> str:
         """An initializer holding `array`; equal constants are written once."""
-        a = np.ascontiguousarray(np.asarray(array, dtype=dtype))
-        key = hashlib.sha1(a.dtype.str.encode() + repr(a.shape).encode() + a.tobytes()).digest()
+        a = np.asarray(array, dtype=dtype)
+        stub = self.arrays is not None and a.nbytes > EXTERNAL_BYTES
+        if stub:     # kept as it lies (a view, a memmap): written out one at a time on save
+            key = ("view", a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+        else:
+            a = np.ascontiguousarray(a)
+            key = hashlib.sha1(a.dtype.str.encode() + repr(a.shape).encode() + a.tobytes()).digest()
         if key not in self._shared:
             name = self.fresh(hint)
-            self.initializers[name] = numpy_helper.from_array(a, name)
+            if stub:
+                self.initializers[name] = external_stub(name, a)
+                self.arrays[name] = a        # holds the buffer, so its address stays this key's
+            else:
+                self.initializers[name] = numpy_helper.from_array(a, name)
             self._shared[key] = name
         return self._shared[key]
 
     def value_of(self, name: str) -> np.ndarray | None:
         """The array of an initializer written here, None for any other value."""
+        if self.arrays is not None and name in self.arrays:
+            return self.arrays[name]
         t = self.initializers.get(name)
         return None if t is None else numpy_helper.to_array(t)
 

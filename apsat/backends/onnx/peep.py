@@ -9,6 +9,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from apsat.backends.onnx.external import stub_value
+
 CONTRIB = "com.microsoft"
 
 
@@ -64,10 +66,12 @@ def contrib(node, op_type: str) -> None:
 
 
 def const(g, name: str):
-    """An initializer's value, or None when `name` is none."""
+    """An initializer's value (an external-data stub's array: apsat.backends.onnx.external),
+    or None when `name` is none."""
     for i in g.initializer:
         if i.name == name:
-            return numpy_helper.to_array(i)
+            value = stub_value(i)
+            return numpy_helper.to_array(i) if value is None else value
     return None
 
 

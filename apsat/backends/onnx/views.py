@@ -255,7 +255,7 @@ def compact(a: np.ndarray) -> np.ndarray:
             if not np.array_equal(a, np.broadcast_to(first, a.shape), equal_nan=True):
                 continue
         a = first
-    return np.ascontiguousarray(a)
+    return a         # a view where it was one: the Builder writes the bytes contiguous
 
 
 # ---- materialising lazy forms -------------------------------------------------------------------
