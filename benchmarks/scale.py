@@ -6,7 +6,9 @@ external data, and runs each in a process of its own: `apsat.optimize` (gpu targ
 verified against onnxruntime on the original), the kernels written (not compiled, not
 run) and the ONNX export. Per model it prints the wall time of each phase, the peak
 resident memory of the whole run (the process's high-water mark), its ratio to the
-weight bytes, and the verification error.
+weight bytes, the kernels per inference, the verification error (against onnxruntime on
+the original; float32 past 0.27B parameters, see docs/verification.md), and, from a
+process of its own, the export's largest difference from the original in onnxruntime.
 
     python benchmarks/scale.py [--models llama-0.1b,vit-l16] [--dir ~/.cache/apsat/scale]
                                [--no-verify] [--no-write]
@@ -29,7 +31,8 @@ import scale_models  # noqa: E402
 
 MODELS = [*scale_models.LLAMA, *scale_models.VIT]
 COLUMNS = ("model", "params", "weight GB", "import s", "saturate s", "extract s", "lower s", "verify s",
-           "write s", "export s", "total s", "peak GB", "peak / weights", "max abs err", "status")
+           "write s", "export s", "total s", "peak GB", "peak / weights", "kernels", "max abs err",
+           "export err", "status")
 
 
 def build(name: str, directory: Path) -> tuple[Path, int]:
@@ -51,6 +54,7 @@ def run_one(path: Path, verify: bool, write: bool) -> dict:
     res = apsat.optimize(path, target="gpu", verify=verify, seed=0)
     seconds = res.report["seconds"]
     out.update(seconds={k: round(v, 2) for k, v in seconds.items()},
+               kernels=res.report["extraction"].get("kernels"),
                err=(res.report.get("verification") or {}).get("max_abs_err"),
                ok=(res.report.get("verification") or {}).get("ok"))
     if write:
@@ -65,6 +69,31 @@ def run_one(path: Path, verify: bool, write: bool) -> dict:
     return out
 
 
+def check_export(original: Path, exported: Path) -> dict:
+    """onnxruntime on the original and on the export (each from its path, with its
+    external data), on the same seeded inputs: the largest difference and whether it is
+    within apsat's fixed tolerance (rtol 1e-4, atol 1e-5 x max |output|). Run in a
+    process of its own, so its sessions do not count in the optimisation's peak."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from apsat.pipeline.verify import compare
+
+    rng = np.random.default_rng(0)
+    sess = ort.InferenceSession(str(original), providers=["CPUExecutionProvider"])
+    feeds = {}
+    for i in sess.get_inputs():
+        dims = [int(d) for d in i.shape]
+        feeds[i.name] = (rng.integers(0, 1000, dims) if "int64" in i.type
+                         else rng.standard_normal(dims).astype(np.float32))
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    del sess
+    got_sess = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in got_sess.get_outputs()], got_sess.run(None, feeds)))
+    v = compare(want, got)
+    return {"export_err": f"{v.max_abs_err:.2g}", "export_ok": v.ok}
+
+
 def row(name: str, weight_bytes: int, fig: dict) -> list[str]:
     s = fig.get("seconds", {})
 
@@ -73,12 +102,14 @@ def row(name: str, weight_bytes: int, fig: dict) -> list[str]:
 
     if "error" in fig:
         return [name, f"{weight_bytes / 4e9:.2f}B", f"{weight_bytes / 1e9:.2f}"] + ["-"] * 9 + \
-               [f"{fig['peak'] / 1e9:.1f}" if fig.get("peak") else "-", "-", "-", fig["error"][:60]]
+               [f"{fig['peak'] / 1e9:.1f}" if fig.get("peak") else "-", "-", "-", "-", "-", fig["error"][:60]]
     return [name, f"{weight_bytes / 4e9:.2f}B", f"{weight_bytes / 1e9:.2f}", secs("import", "egraph"),
             secs("saturate"), secs("extract"), secs("lower", "price before"),
             secs("oracle", "verify", "backend check"), str(fig.get("write", "-")), str(fig.get("export", "-")),
             f"{fig['total']:.1f}", f"{fig['peak'] / 1e9:.1f}", f"{fig['peak'] / weight_bytes:.2f}x",
-            f"{fig['err']:.2g}" if fig.get("err") is not None else "-", "ok" if fig.get("ok") in (True, None) else "MISMATCH"]
+            str(fig.get("kernels", "-")), f"{fig['err']:.2g}" if fig.get("err") is not None else "-",
+            fig.get("export_err", "-"),
+            "ok" if fig.get("ok") in (True, None) and fig.get("export_ok", True) else "MISMATCH"]
 
 
 def main() -> None:
@@ -88,7 +119,11 @@ def main() -> None:
     ap.add_argument("--no-verify", action="store_true")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--one", help=argparse.SUPPRESS)      # the child: run one model, print JSON
+    ap.add_argument("--check-export", nargs=2, help=argparse.SUPPRESS)   # the child: original, export
     args = ap.parse_args()
+    if args.check_export:
+        print(json.dumps(check_export(*map(Path, args.check_export))))
+        return
     if args.one:
         try:
             fig = run_one(Path(args.one), not args.no_verify, not args.no_write)
@@ -107,6 +142,13 @@ def main() -> None:
         lines = proc.stdout.strip().splitlines()
         fig = json.loads(lines[-1]) if proc.returncode == 0 and lines else \
             {"error": f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or ['killed'])[-1]}"}
+        exported = path.parent / f"{path.stem}-out" / "optimized.onnx"
+        if "error" not in fig and not args.no_write:
+            check = subprocess.run([sys.executable, __file__, "--check-export", str(path), str(exported)],
+                                   capture_output=True, text=True)
+            out = check.stdout.strip().splitlines()
+            fig.update(json.loads(out[-1]) if check.returncode == 0 and out else
+                       {"export_err": "failed", "export_ok": False})
         print("| " + " | ".join(row(name, weight_bytes, fig)) + " |", flush=True)
 
 

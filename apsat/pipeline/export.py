@@ -5,7 +5,8 @@ with those dims symbolic (apsat.pipeline.dynamic.export_general); one whose expo
 not generalise is exported at the sizes it was built for, with a note; a model whose
 weights pass protobuf's 2 GB limit (apsat.backends.onnx.external.EXTERNAL_PAST) is
 exported at its built sizes with each large weight written as external data beside the
-.onnx, streamed from where it lies, and checked by path.
+.onnx, streamed from where it lies, and checked by path; so is a model that came with its
+weights in external data, when the export is saved (as onnx's tools keep the layout).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def export_result(result, path=None):
     from apsat.backends.onnx.external import EXTERNAL_PAST, weight_bytes
 
     meta = metadata(result)
-    if weight_bytes(result.model.weights) > EXTERNAL_PAST:
+    if weight_bytes(result.model.weights) > EXTERNAL_PAST or (result.model.external and path is not None):
         return _external(result, path, meta)
     note = None
     if result.general is not None:
