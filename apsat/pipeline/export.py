@@ -15,8 +15,9 @@ from pathlib import Path
 
 
 def export_result(result, path=None):
-    """(the ModelProto, a note or None) for an OptimizeResult; saved to `path` when given
-    (required past protobuf's limit). ExportError (one line) as export_onnx raises it."""
+    """(the ModelProto, a note on fixed symbolic dims or None, the external-data file
+    written or None) for an OptimizeResult; saved to `path` when given (required past
+    protobuf's limit). ExportError (one line) as export_onnx raises it."""
     from apsat.backends.onnx import export_onnx
     from apsat.backends.onnx.external import EXTERNAL_PAST, weight_bytes
 
@@ -40,7 +41,7 @@ def export_result(result, path=None):
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         onnx.save(proto, str(path))
-    return proto, note
+    return proto, note, None
 
 
 def metadata(result) -> dict:
@@ -71,5 +72,6 @@ def _external(result, path, meta: dict):
         save_external(proto, Path(path), arrays)
     except Exception as e:     # the checker raises several kinds; each is an export bug
         raise ExportError(f"the exported model fails onnx.checker: {str(e).splitlines()[0]}") from None
-    where = " at the sizes it was built for" if result.general is not None else ""
-    return proto, f"weights written as external data ({Path(path).name}.data){where}"
+    note = "symbolic dims fixed at the representative sizes (an export with external data)" \
+        if result.general is not None else None
+    return proto, note, str(Path(path).with_name(Path(path).name + ".data"))

@@ -30,6 +30,7 @@ class OptimizeResult:
     backend_outputs: dict | None = None
     general: object = None             # apsat.pipeline.generalise.General: symbolic dims kept
     export_note: str | None = None     # set by to_onnx where the export fixes the symbolic dims
+    export_data: str | None = None     # set by to_onnx: the external-data file it wrote, if any
 
     @property
     def stream(self):
@@ -60,7 +61,7 @@ class OptimizeResult:
         systolic-array atom). See apsat.pipeline.export."""
         from apsat.pipeline.export import export_result
 
-        proto, self.export_note = export_result(self, path)
+        proto, self.export_note, self.export_data = export_result(self, path)
         return proto
 
     def write(self, out_dir, compile_kernels=True, onnx_out=False) -> Path:
@@ -85,7 +86,8 @@ class OptimizeResult:
             for node in proto.graph.node:
                 ops[node.op_type] = ops.get(node.op_type, 0) + 1
             report["onnx_out"] = {"path": str(path), "nodes": len(proto.graph.node), "ops": ops,
-                                  **({"dynamic": self.export_note} if self.export_note else {})}
+                                  **({"dynamic": self.export_note} if self.export_note else {}),
+                                  **({"external_data": self.export_data} if self.export_data else {})}
         if self.backend is not None:
             written = self.backend.write(self.lowered, out_dir, compile=compile_kernels)
             report[self.backend.name] = {**report[self.backend.name], **written}
