@@ -45,6 +45,14 @@ from apsat.errors import EGraphError
 # Rules of the `shapes` ruleset (language.egg, shape_rules.egg): left out of the per-rule
 # match counts.
 SHAPE_RULE_NAMES = set(re.findall(r':name "([^"]+)"', language_text()))
+# A rule's operand-order variants (apsat/rules/commute.py) are named NAME + VARIANT_MARK + K;
+# their matches count for NAME.
+VARIANT_MARK = "|swapped-"
+
+
+def base_name(rule_name: str) -> str:
+    """The rule a variant's matches count for (its own name for a rule as written)."""
+    return rule_name.split(VARIANT_MARK, 1)[0]
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -204,6 +212,7 @@ def _burst(eg, p: Progress, step: str, k: int, limit: int, ban_length: int, name
     report = out[0].report
     for rule, count in report.num_matches_per_rule.items():
         if ":ruleset shapes" not in rule and rule not in SHAPE_RULE_NAMES:
+            rule = base_name(rule)          # an operand-order variant counts for its rule
             p.matches[rule] = p.matches.get(rule, 0) + count
     eg._saturate_shapes()
     now = eg._node_count()

@@ -25,8 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from apsat.lang import formula as fm
-from apsat.lang.semantics import map_evaluator, nary_evaluator
+from apsat.lang.semantics import NUMPY, map_evaluator, nary_evaluator
 from apsat.lang.shapes import item_shape
 
 # Roles of Expr ops: what any machine does with one node (apsat/extract/workload.py turns
@@ -92,6 +94,9 @@ class ComputeSpec:
                 n-ary operator's per-input figure is its formula's (leave them 0)
     axis_needed why the item must have an axis (the shape error), "" when it need not
     activation  a fused matmul atom may apply it as its epilogue (maps only)
+    commutative its two operands may be swapped (binary n-ary kinds, checked on the
+                formula): a rule pattern over it matches both operand orders
+                (apsat/rules/commute.py)
     local       each output element depends on the same position of the operand only, or
                 on a bounded neighbourhood of it (a kernel may compute it inline);
                 maps, n-ary operators and chains are
@@ -117,6 +122,7 @@ class ComputeSpec:
     flops_out: int = 0
     axis_needed: str = ""
     activation: bool = False
+    commutative: bool = False
     local: bool | None = None
     first_axis: bool | None = None
     evaluate: Callable | None = None
@@ -135,6 +141,8 @@ class ComputeSpec:
         for key, value in derived.items():
             object.__setattr__(self, key, value)
         _require(not self.activation or self.kind == "map", self.name, "only unary maps are activations")
+        _require(not self.commutative or (self.kind == "nary" and self.arity in (0, 2) and _symmetric(self.scalar)),
+                 self.name, "is declared commutative, but its formula is not a symmetric binary one")
         figures = bool(self.flops_in) + bool(self.flops_out)
         _require(figures == (self.kind != "chain"), self.name,
                  "needs exactly one arithmetic figure (flops_in or flops_out)")
@@ -163,3 +171,15 @@ def _require(cond: bool, name: str, msg: str) -> None:
     """A registry entry that breaks the rules of its kind fails at import, naming itself."""
     if not cond:
         raise ValueError(f"op registry: {name}: {msg}")
+
+
+def _symmetric(f) -> bool:
+    """Whether binary formula f gives the same on (a, b) and (b, a): seeded values with
+    ties, zeros, signs, infinities and NaN, compared bit for bit (NaN with NaN)."""
+    rng = np.random.default_rng(0)
+    special = np.array([0.0, -0.0, 1.0, -1.0, 2.5, np.inf, -np.inf, np.nan], np.float32)
+    a = np.concatenate([np.repeat(special, len(special)), rng.standard_normal(64).astype(np.float32)])
+    b = np.concatenate([np.tile(special, len(special)), rng.standard_normal(64).astype(np.float32)])
+    with np.errstate(all="ignore"):
+        one, two = fm.interpret(f, (a, b), (), NUMPY), fm.interpret(f, (b, a), (), NUMPY)
+    return bool(np.array_equal(one, two, equal_nan=True))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from apsat.egraph.egglog_io import language_text
 from apsat.errors import RuleError
+from apsat.rules.commute import MAX_SWAPPED, commutative_pairs, variants
 from apsat.rules.sexpr import Atom, Form, SexprError, atoms, calls, read_forms
 
 BUILTIN_DIR = Path(__file__).resolve().parent
@@ -47,7 +48,7 @@ class Rule:
 
     def text_in(self, ruleset: str) -> str:
         """This rule's text moved into another ruleset (to run one rule alone)."""
-        return re.sub(r":ruleset\s+[^\s()]+", f":ruleset {ruleset}", self.text, count=1)
+        return re.sub(r":ruleset\s+[^\s()]+", f":ruleset {ruleset}", self.text)   # its operand-order variants too
 
 
 @dataclass
@@ -256,5 +257,10 @@ def parse_rule_file(path, known_rulesets: set[str], signatures: dict) -> RuleFil
             body = text[form.start:form.end]
             if name_atom is None:
                 body = body[:-1] + f' :name "{name}")'
+            pattern = positional(form.items[1:])[0]       # a rewrite's left side, a rule's query
+            if len(commutative_pairs(pattern)) > MAX_SWAPPED:
+                check.fail(form.line, f"the pattern has more than {MAX_SWAPPED} commutative pairs "
+                           f"(each matches both operand orders: 2^{MAX_SWAPPED} variants at most)")
+            body = "\n".join([body] + variants(form, pattern, name))
             out.rules.append(Rule(name, ruleset, path, form.line, body))
     return out

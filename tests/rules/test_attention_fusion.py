@@ -204,7 +204,7 @@ def test_heads_bias_through_a_reshaped_mask_sound_and_reach():
     ("attention-fusion/heads", "attention-fusion/aux-scores", PLAIN),
     ("attention-fusion/heads", "attention-fusion/aux-probs", PLAIN),
     ("attention-fusion/heads-bias", "attention-fusion/aux-scores-bias", BIASED),
-    ("attention-fusion/heads-bias", "attention-fusion/aux-scores-bias-commuted", BIASED_COMMUTED),
+    ("attention-fusion/heads-bias", "attention-fusion/aux-scores-bias", BIASED_COMMUTED),
     ("attention-fusion/heads-bias", "attention-fusion/aux-probs-nan-to-zero", SAFE),
     ("attention-fusion/heads", "attention-fusion/aux-scores-scaled", SCALED),
     ("attention-fusion/heads", "attention-fusion/aux-scores-divided", DIVIDED),

@@ -151,9 +151,9 @@ REACH = [
     ("fusion/bias-unbroadcast",
      add("(compute dot-product (access-cartesian-product (access (access-tensor r1) 1) (access (access-tensor w) 1)))",
          vec("b", "1 4")), "(fused-dot-bias ?a ?b ?c)"),
-    ("fusion/bias-commuted", add(BIAS, MM), "(fused-dot-bias ?a ?b ?c)"),
+    ("fusion/bias", add(BIAS, MM), "(fused-dot-bias ?a ?b ?c)"),
     ("fusion/bias-transposed", add(CONV, CVEC), "(access-transpose (fused-dot-bias ?a ?b ?c) (list 0 3 1 2))"),
-    ("fusion/bias-transposed-commuted", add(CVEC, CONV),
+    ("fusion/bias-transposed", add(CVEC, CONV),
      "(access-transpose (fused-dot-bias ?a ?b ?c) (list 0 3 1 2))"),
     ("fusion/bias-accumulate", add(FDB, BIAS), "(fused-dot-bias ?a ?b (compute elementwise-add ?p))"),
     ("fusion/bias-accumulate-transposed", add(f"(access-transpose {CFDB} (list 0 3 1 2))", SVEC),
@@ -184,7 +184,7 @@ REACH = [
      "(compute elementwise-mul ?p) ?lw) ?tw))) ?ly)"),
     ("fusion/gelu-erf", gelu_text(MM), "(compute gelu ?x)"),
     ("fusion/silu", mul(MM, f"(compute sigmoid {MM})"), "(compute silu ?x)"),
-    ("fusion/silu-commuted", mul(f"(compute sigmoid {MM})", MM), "(compute silu ?x)"),
+    ("fusion/silu", mul(f"(compute sigmoid {MM})", MM), "(compute silu ?x)"),
     *ACTIVATION_REACH,
     # runs of element-wise ops: one chain operator (residual add -> relu, mul -> tanh)
     ("fusion/chain", f"(compute relu {add(A, A)})", "(compute (chain elementwise-add relu) ?x)"),
@@ -210,9 +210,9 @@ REFUSE = [
     ("fusion/bias-unbroadcast",
      add("(compute dot-product (access-cartesian-product (access (access-tensor r1) 1) (access (access-tensor w) 1)))",
          "(access-reshape (access-tensor m14) (access-shape (shape 1 4) (shape)))")),  # not 1-D
-    ("fusion/bias-commuted", add(ROWVEC, MM)),
+    ("fusion/bias", add(ROWVEC, MM)),
     ("fusion/bias-transposed", add(CONV, HVEC)),                        # along H, not channels
-    ("fusion/bias-transposed-commuted", add(HVEC, CONV)),
+    ("fusion/bias-transposed", add(HVEC, CONV)),
     ("fusion/bias-accumulate", add(FDB, ROWVEC)),
     ("fusion/bias-accumulate-transposed", add(f"(access-transpose {CFDB} (list 0 3 1 2))", HVEC)),
     ("fusion/scale-fold", mul(MM, ROWVEC)),
@@ -234,7 +234,7 @@ REFUSE = [
     ("fusion/shift-scale-merge", mul(add(CONV, CVEC), HVEC)),         # lengths 5 and 4
     ("fusion/gelu-erf", gelu_text(MM, sqrt2=1.7320508075688772)),      # x / sqrt 3: not GELU
     ("fusion/silu", mul(A, "(compute sigmoid (access (access-tensor a2) 1))")),  # x * sigmoid(y)
-    ("fusion/silu-commuted", mul("(compute sigmoid (access (access-tensor a2) 1))", A)),
+    ("fusion/silu", mul("(compute sigmoid (access (access-tensor a2) 1))", A)),
     *ACTIVATION_REFUSE,
     # not element-wise on top or underneath: softmax/layer-norm/lrn/reductions/dot-product
     ("fusion/chain", f"(compute softmax {add(A, A)})"),                    # softmax after an add
