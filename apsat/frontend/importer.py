@@ -192,15 +192,17 @@ class Importer:
         return name in self.used
 
     def term(self, name: str) -> Term:
-        """The value as a term: constants of one element (not initializers) become
-        literals, other constants named weights."""
+        """The value as a term: constants of one element become literals, whatever their
+        source (a Constant node, an initializer, a folded subgraph), so a rule matches a
+        constant by its value however the exporter stored it; other constants are named
+        weights."""
         v = self.env[name]
         if isinstance(v, Term):
             return v
         if name not in self._const_terms:
             arr = np.asarray(v.value)
             scalar = float(arr.reshape(-1)[0]) if arr.size == 1 and arr.dtype.kind in "fiub" else None
-            if not v.weight and scalar is not None and np.isfinite(scalar):
+            if scalar is not None and np.isfinite(scalar):
                 t = self.b.literal(scalar)
                 t = self.b.reshape(t, arr.shape) if arr.shape != () else t
             else:
