@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from apsat.lang.ops import OPS, AccessShape
+from apsat.lang.ops import COMPUTE_OPS, OPS, AccessShape
 from apsat.lang.term import Term
 
 
@@ -156,7 +156,10 @@ class Builder:
         out = tuple(np.broadcast_shapes(*(self.dims(t) for t in terms)))
         acc = self.expand(terms[0], out)
         for t in terms[1:]:
-            acc = self.compute(op, self.make("access-pair", acc, self.expand(t, out)))
+            right = self.expand(t, out)
+            if len(terms) == 2 and COMPUTE_OPS[op].commutative and is_constant(acc) and not is_constant(right):
+                acc, right = right, acc     # canonical order: the constant second (exact: a op b == b op a)
+            acc = self.compute(op, self.make("access-pair", acc, right))
         return acc
 
     def select(self, cond: Term, a: Term, other: Term) -> Term:
@@ -175,3 +178,10 @@ class Builder:
         """A per-channel 1-D vector (C,) shaped (1, C, 1, ...) for an NC... tensor."""
         (c,) = self.dims(t)
         return self.reshape(t, (1, c) + (1,) * (rank - 2))
+
+
+def is_constant(t: Term) -> bool:
+    """A literal, reshaped or broadcast: what a rule pattern writes as a constant operand."""
+    while t.op in ("access-broadcast", "access-reshape"):
+        t = t.args[0]
+    return t.op == "access-literal"

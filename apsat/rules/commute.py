@@ -8,7 +8,9 @@ matches the run reports count under NAME (apsat.egraph.bursts.base_name). Which 
 commutative operator needs nothing here. The right side and the actions are not touched:
 the variant's match binds the same variables to the same values.
 
-A pair whose two operands are written alike (`x * x`) has one order. At most
+A pair whose two operands are written alike (`x * x`) has one order, and so has a pair
+written constant second: the import writes a commutative operator's constant operand
+second (apsat/frontend/builder.py), whichever side the exporter put it. At most
 MAX_SWAPPED pairs of one pattern are expanded (2^MAX_SWAPPED orders); the loader refuses
 a pattern with more, naming the line.
 """
@@ -27,7 +29,9 @@ MAX_SWAPPED = 4
 
 def commutative_pairs(pattern) -> list[Form]:
     """The `access-pair` forms of `pattern` read by a commutative compute operator, whose
-    two operands differ, outermost first."""
+    two operands differ, outermost first; a pair written in the import's canonical order
+    (a constant second, the other operand not one: apsat/frontend/builder.py) is left
+    out, since the import never writes the other."""
     out, stack = [], [pattern]
     while stack:
         node = stack.pop()
@@ -37,10 +41,18 @@ def commutative_pairs(pattern) -> list[Form]:
         if (node.head == "compute" and len(items) == 3 and isinstance(items[1], Form)
                 and len(items[1].items) == 1 and items[1].head in COMMUTATIVE
                 and isinstance(items[2], Form) and items[2].head == "access-pair"
-                and len(items[2].items) == 3 and to_text(items[2].items[1]) != to_text(items[2].items[2])):
+                and len(items[2].items) == 3 and to_text(items[2].items[1]) != to_text(items[2].items[2])
+                and not (_constant(items[2].items[2]) and not _constant(items[2].items[1]))):
             out.append(items[2])
         stack.extend(reversed(items))
     return out
+
+
+def _constant(node) -> bool:
+    """A literal, reshaped or broadcast (the pattern form of a constant operand)."""
+    while isinstance(node, Form) and node.head in ("access-broadcast", "access-reshape") and len(node.items) > 1:
+        node = node.items[1]
+    return isinstance(node, Form) and node.head == "access-literal"
 
 
 def variants(form: Form, pattern, name: str) -> list[str]:

@@ -83,6 +83,16 @@ def lit(value, rank=2, target="5 4"):
             f"(access-shape (shape {target}) (shape)))")
 
 
+def gelu_tanh_text(x, c=0.044714998453855515, swap=False):
+    """GPT-2's tanh GELU as the importer writes it (each constant second):
+    x * 0.5 * (1 + tanh((x + x^3 * c) * sqrt(2/pi))); `swap`: the top product's operands
+    (neither a constant) the other way round."""
+    cube = mul(f"(compute elementwise-pow (access-pair {x} {lit(3.0)}))", lit(c))
+    inner = f"(compute tanh {mul(add(x, cube), lit(0.7978845834732056))})"
+    half, rest = mul(x, lit(0.5)), add(inner, lit(1.0))
+    return mul(rest, half) if swap else mul(half, rest)
+
+
 def gelu_text(x, sqrt2=1.4142135381698608):
     erf = f"(compute erf (compute elementwise-div (access-pair {x} {lit(sqrt2)})))"
     return mul(mul(x, add(erf, lit(1.0))), lit(0.5))
@@ -122,6 +132,9 @@ ACTIVATION_REACH = [case for act in ACTS for case in [
     ("fusion/activation-unbiased", f"(compute {act} {MM})", f"(fused-dot-bias-act {act} ?a ?b {ZERO4})"),
     ("fusion/activation-unbiased-transposed", f"(compute {act} {CONV})",
      f"(access-transpose (fused-dot-bias-act {act} ?a ?b {ZERO5}) (list 0 3 1 2))"),
+    # a product viewed back to another shape before its activation (GPT-2's Conv1D)
+    ("fusion/activation-reshaped", f"(compute {act} (access-reshape {FDB} (access-shape (shape 20) (shape))))",
+     f"(access-reshape (fused-dot-bias-act {act} ?a ?b ?c) ?s)"),
 ]]
 # unary maps that are not activations (exp, negative, sqrt, erf) stay where they are
 ACTIVATION_REFUSE = [
@@ -132,6 +145,7 @@ ACTIVATION_REFUSE = [
     ("fusion/activation-unbiased", f"(compute erf {MM})"),
     ("fusion/activation-unbiased", f"(compute reduce-sum {MM})"),
     ("fusion/activation-unbiased-transposed", f"(compute exp {CONV})"),
+    ("fusion/activation-reshaped", f"(compute exp (access-reshape {FDB} (access-shape (shape 20) (shape))))"),
 ] + [case for act in ACTS for case in [
     ("fusion/activation-unbiased", f"(compute {act} {MM_SPLIT2})"),            # b not split 1
     ("fusion/activation-unbiased-transposed", f"(compute {act} (access-transpose {MM_SPLIT2} (list 0 2 1)))"),
@@ -183,6 +197,8 @@ REACH = [
      "(access-reshape (compute dot-product (access-pair ?x (access-broadcast (access-reshape "
      "(compute elementwise-mul ?p) ?lw) ?tw))) ?ly)"),
     ("fusion/gelu-erf", gelu_text(MM), "(compute gelu ?x)"),
+    ("fusion/gelu-tanh", gelu_tanh_text(MM), "(compute gelu-tanh ?x)"),
+    ("fusion/gelu-tanh", gelu_tanh_text(MM, swap=True), "(compute gelu-tanh ?x)"),   # written once
     ("fusion/silu", mul(MM, f"(compute sigmoid {MM})"), "(compute silu ?x)"),
     ("fusion/silu", mul(f"(compute sigmoid {MM})", MM), "(compute silu ?x)"),
     *ACTIVATION_REACH,
@@ -233,6 +249,7 @@ REFUSE = [
     ("fusion/shift-merge", add(add(CONV, HVEC), vec("q", "1 1 1 4", "1 5 4 4"))),
     ("fusion/shift-scale-merge", mul(add(CONV, CVEC), HVEC)),         # lengths 5 and 4
     ("fusion/gelu-erf", gelu_text(MM, sqrt2=1.7320508075688772)),      # x / sqrt 3: not GELU
+    ("fusion/gelu-tanh", gelu_tanh_text(MM, c=0.05)),                   # 0.05 x^3: not GELU
     ("fusion/silu", mul(A, "(compute sigmoid (access (access-tensor a2) 1))")),  # x * sigmoid(y)
     ("fusion/silu", mul("(compute sigmoid (access (access-tensor a2) 1))", A)),
     *ACTIVATION_REFUSE,
@@ -570,3 +587,16 @@ def test_batchnorm_then_a_second_affine_folds_into_one_fused_convolution(target)
     x_terms = {t for t in best.terms() if any(s.op == "access-tensor" and s.args[0] == "x" for s in postorder(t))}
     assert not any(t.op == "compute" for t in x_terms)
     assert verify_program(m, best, zoo.random_inputs(m, 0)).ok
+
+
+def test_gpt2_products_apply_gelu_tanh():
+    """GPT-2 (tests/data/real_zoo) writes its GELU with tanh and Pow(x, 3), constants on
+    the left, after a product viewed back to (batch, sequence, width): each MLP product
+    takes gelu-tanh as its activation, and the program equals onnxruntime."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "real_zoo" / "gpt2.onnx"
+    res = apsat.optimize(path, target="gpu", verify=True)
+    acts = [t.args[0].op for t in res.program.terms() if t.op == "fused-dot-bias-act"]
+    assert acts == ["gelu-tanh", "gelu-tanh"]                    # one MLP per layer, 2 layers
+    assert res.report["verification"]["ok"]
