@@ -192,10 +192,8 @@ class Importer:
         return name in self.used
 
     def term(self, name: str) -> Term:
-        """The value as a term: constants of one element become literals, whatever their
-        source (a Constant node, an initializer, a folded subgraph), so a rule matches a
-        constant by its value however the exporter stored it; other constants are named
-        weights."""
+        """The value as a term: constants of one element become literals whatever their
+        source (a rule matches a constant by value), other constants named weights."""
         v = self.env[name]
         if isinstance(v, Term):
             return v

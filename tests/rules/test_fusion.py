@@ -134,7 +134,7 @@ ACTIVATION_REACH = [case for act in ACTS for case in [
      f"(access-transpose (fused-dot-bias-act {act} ?a ?b {ZERO5}) (list 0 3 1 2))"),
     # a product viewed back to another shape before its activation (GPT-2's Conv1D)
     ("fusion/activation-reshaped", f"(compute {act} (access-reshape {FDB} (access-shape (shape 20) (shape))))",
-     f"(access-reshape (fused-dot-bias-act {act} ?a ?b ?c) ?s)"),
+     f"(access-reshape (compute {act} (fused-dot-bias ?a ?b ?c)) ?s)"),
 ]]
 # unary maps that are not activations (exp, negative, sqrt, erf) stay where they are
 ACTIVATION_REFUSE = [
