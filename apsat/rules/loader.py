@@ -239,6 +239,9 @@ def parse_rule_file(path, known_rulesets: set[str], signatures: dict) -> RuleFil
                 check.fail(form.line, "expected (ruleset NAME)")
             if name in rulesets or name == "shapes":
                 check.fail(form.line, f"ruleset '{name}' is defined twice")
+            if name in signatures:     # egglog would refuse it later ("Shadowing is not allowed")
+                check.fail(form.line, f"ruleset '{name}' is named like the language's operator, "
+                           "function or relation of that name: choose another name")
             rulesets.add(name)
             out.rulesets.append((name, form.line))
         elif form.head in ("function", "relation"):

@@ -41,6 +41,11 @@ def test_good_file_loads_and_names_rules(tmp_path):
     ("(ruleset a)\n(rule ((= e (access a k))) ((union e (access b k))) :ruleset a)\n", 2, "variable 'b'"),
     ("(ruleset a)\n(rule ((= e (access a k))) ((panic \"x\")) :ruleset a)\n", 2, "`panic` is not allowed"),
     ("(ruleset shapes)\n", 1, "defined twice"),
+    # named like an operator, a function or a relation of the language: egglog's own
+    # "Shadowing is not allowed" would otherwise come in optimize, at no path:line
+    ("; gelu\n(ruleset gelu-tanh)\n", 2, "ruleset 'gelu-tanh' is named like the language's operator"),
+    ("(ruleset relu)\n", 1, "ruleset 'relu' is named like"),
+    ("(ruleset tensor-shape)\n", 1, "ruleset 'tensor-shape' is named like"),
 ])
 def test_malformed_files_are_refused_with_path_and_line(tmp_path, capfd, text, line, reason):
     with pytest.raises(RuleError) as err:
