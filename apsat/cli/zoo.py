@@ -28,9 +28,10 @@ def zoo_options(p) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="models run at once (default 1)")
     p.add_argument("--model-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                    help=f"a model still running after this fails with that reason (default {DEFAULT_TIMEOUT_S:g})")
-    p.add_argument("--max-memory", type=float, default=DEFAULT_MAX_MEMORY_MIB, metavar="MIB",
+    p.add_argument("--max-memory", type=float, default=None, metavar="MIB",
                    help=f"a model's worker above this resident memory fails with that reason "
-                        f"(default {DEFAULT_MAX_MEMORY_MIB:g})")
+                        f"(default {DEFAULT_MAX_MEMORY_MIB:g}, or for a larger model 2048 plus three "
+                        f"times its files' MiB, external data included)")
     p.add_argument("--force", action="store_true", help="redo models whose stored result is still valid")
     p.add_argument("--onnx-out", action="store_true",
                    help="also write each optimised program as ONNX, OUT/MODEL/optimized.onnx")

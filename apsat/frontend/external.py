@@ -79,3 +79,22 @@ def _where(t: onnx.TensorProto, base: Path, label: str):
         raise ModelError(f"{prefix}initializer {t.name!r}: external data file {location!r} holds "
                          f"{path.stat().st_size} bytes, fewer than the tensor's {need} at offset {offset}")
     return path, offset, dtype, shape
+
+
+def data_files(path) -> list[Path]:
+    """The external-data files a model file's initializers name (each once, in order;
+    those that exist), read without loading them: what a result's content key hashes and
+    a batch's memory limit counts beside the .onnx."""
+    path = Path(path)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:        # not a model: its worker says why
+        return []
+    out = []
+    for t in proto.graph.initializer:
+        if t.data_location == EXTERNAL:
+            location = next((e.value for e in t.external_data if e.key == "location"), "")
+            file = path.parent / location
+            if location and file.is_file() and file not in out:
+                out.append(file)
+    return out

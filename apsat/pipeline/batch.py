@@ -14,6 +14,7 @@ usual `if __name__ == "__main__":` guard.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -25,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from apsat.frontend.external import data_files
 from apsat.pipeline.outcome import compile_failures, failed
 from apsat.pipeline.store import ResultStore, content_key, same_source, source_digest
 
@@ -65,7 +67,30 @@ class Task:
             data = Path(self.path).read_bytes()
         except OSError:
             return None            # no file to key: nothing stored, the worker says why
-        return content_key(data, self.target, texts, options)
+        return content_key(data + _data_digests(self.path), self.target, texts, options)
+
+
+def _data_digests(path: str) -> bytes:
+    """Each external-data file's name and SHA-256 (read in 16 MiB pieces: a 5 GB file is
+    never in memory), so a result is keyed by the weights as well as the .onnx."""
+    out = b""
+    for file in data_files(path):
+        h = hashlib.sha256()
+        with open(file, "rb") as f:
+            for piece in iter(lambda: f.read(1 << 24), b""):
+                h.update(piece)
+        out += file.name.encode() + h.digest()
+    return out
+
+
+def memory_limit_mib(task: Task, given: float | None) -> float:
+    """A worker's resident-memory limit: `given`, else DEFAULT_MAX_MEMORY_MIB or, for a
+    model whose files (the .onnx and its external data) are larger, 2 GiB plus three times
+    their size (the 1.2B decoder of benchmarks/scale.py peaks at 1.81x its 4.9 GB)."""
+    if given is not None:
+        return given
+    size = sum(_file_size(str(p)) for p in [Path(task.path), *data_files(task.path)])
+    return max(DEFAULT_MAX_MEMORY_MIB, 2048 + 3 * size / 2**20)
 
 
 def run_task(task: Task, tell=None) -> dict:
@@ -182,6 +207,7 @@ class _Running:
     started: float
     phase: str = "starting"
     peak_mib: float = 0.0
+    memory_limit_mib: float = DEFAULT_MAX_MEMORY_MIB
 
 
 def _context():
@@ -192,12 +218,13 @@ def _context():
 
 
 def run_local(tasks: list[Task], jobs: int = 1, timeout: float = DEFAULT_TIMEOUT_S,
-              max_memory_mib: float = DEFAULT_MAX_MEMORY_MIB, store: ResultStore | None = None,
+              max_memory_mib: float | None = None, store: ResultStore | None = None,
               force: bool = False, on_event=None) -> list[dict]:
     """Run `tasks` on `jobs` worker processes; one summary row per task, in task order.
     Tasks whose key `store` has are reused (status "reused") unless `force`; a finished
     result is stored only when computed by this process's apsat source (same_source). A
-    model over `timeout` seconds or `max_memory_mib` of resident memory is killed and fails with that
+    model over `timeout` seconds or its memory limit (`max_memory_mib`, default
+    `memory_limit_mib`'s for the model) of resident memory is killed and fails with that
     reason; so does a worker that dies. `on_event(kind, row_or_name, detail)` hears
     "start" (name, the worker's pid), "phase" (name, phase), "done" (row) and "reused"
     (row) events, for a progress view. KeyboardInterrupt
@@ -225,11 +252,12 @@ def run_local(tasks: list[Task], jobs: int = 1, timeout: float = DEFAULT_TIMEOUT
                 proc = ctx.Process(target=_worker, args=(task, results, events, time.time()),
                                    daemon=True)
                 proc.start()
-                running[task.name] = _Running(task, proc, results, time.monotonic())
+                running[task.name] = _Running(task, proc, results, time.monotonic(),
+                                              memory_limit_mib=memory_limit_mib(task, max_memory_mib))
                 _emit(on_event, "start", task.name, proc.pid)
             _drain_events(events, running, on_event)
             for name, run in list(running.items()):
-                row = _finished(run, timeout, max_memory_mib)
+                row = _finished(run, timeout, run.memory_limit_mib)
                 if row is not None:
                     del running[name]
                     rows[name] = row

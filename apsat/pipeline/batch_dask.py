@@ -54,7 +54,7 @@ import uuid
 from pathlib import Path
 
 from apsat.errors import ApsatError
-from apsat.pipeline.batch import DEFAULT_MAX_MEMORY_MIB, DEFAULT_TIMEOUT_S, Task
+from apsat.pipeline.batch import DEFAULT_TIMEOUT_S, Task
 from apsat.pipeline.store import ResultStore, same_source
 
 POLL_S = 0.1
@@ -67,7 +67,7 @@ SECURITY_KEYS = ("ca_file", "cert", "key")
 
 def run_dask(tasks: list[Task], scheduler: str | None = None, store: ResultStore | None = None,
              force: bool = False, timeout: float = DEFAULT_TIMEOUT_S, on_event=None, client=None,
-             max_memory_mib: float = DEFAULT_MAX_MEMORY_MIB, jobs: int | None = None,
+             max_memory_mib: float | None = None, jobs: int | None = None,
              security=None, insecure: bool = False) -> list[dict]:
     """Run `tasks` on a Dask cluster; one summary row per task, in task order (run_local's
     rows). The cluster: `client` (a distributed.Client, left open) if given, else the

@@ -104,3 +104,34 @@ def test_the_float64_oracle_is_skipped_past_its_memory_bound(tmp_path, monkeypat
     res = apsat.optimize(_saved(tmp_path), target="gpu", verify=True)
     v = res.report["verification"]
     assert v["ok"] and "weights in float64 would take" in str(v)
+
+
+def test_a_stored_result_is_keyed_by_the_external_data_too(tmp_path):
+    """The same .onnx with other weights in its data file is another result."""
+    from apsat.pipeline.batch import Task
+
+    path = _saved(tmp_path)
+    task = Task(name="m", path=str(path))
+    before, model_bytes = task.key(), path.read_bytes()
+    data = tmp_path / "m.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    assert path.read_bytes() == model_bytes and task.key() != before
+
+
+def test_a_batch_worker_memory_limit_grows_with_the_model(tmp_path):
+    """Default 8192 MiB; for a model whose files pass that, 2 GiB plus three times their
+    size (a sparse 5 GiB data file stands for a 1.2B-parameter decoder); a given limit is
+    kept."""
+    from apsat.pipeline.batch import DEFAULT_MAX_MEMORY_MIB, Task, memory_limit_mib
+
+    small = Task(name="m", path=str(_saved(tmp_path)))
+    assert memory_limit_mib(small, None) == DEFAULT_MAX_MEMORY_MIB
+    (tmp_path / "big").mkdir()
+    big = _saved(tmp_path / "big")
+    with open(tmp_path / "big" / "m.onnx.data", "r+b") as f:
+        f.truncate(5 * 2**30)
+    task = Task(name="big", path=str(big))
+    assert memory_limit_mib(task, None) == pytest.approx(2048 + 3 * (5 * 1024 + big.stat().st_size / 2**20))
+    assert memory_limit_mib(task, 1000.0) == 1000.0
