@@ -102,8 +102,8 @@ def extract_candidates(eg, root, method: str = "greedy-dag", cost=None, time_lim
     if isinstance(choice, ExtractionResult):
         out[0][1].extraction.update(optimal=choice.optimal, gap=choice.gap)
     if merges and not forced:
-        fill = choice if method == "greedy-dag" else extract_greedy_dag(graph, roots, node_cost)
-        merged = merge_siblings(graph, dict(choice), roots, fill)
+        fill = choice if method == "greedy-dag" else lambda: extract_greedy_dag(graph, roots, node_cost)
+        merged = merge_siblings(graph, choice, roots, fill)
         if merged is not None:
             check_extraction(graph, merged, roots)
             program = _program(eg, graph, outputs, roots, merged, node_cost)

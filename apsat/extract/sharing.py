@@ -25,13 +25,17 @@ def merge_siblings(graph: ExtractionGraph, choice: dict[str, str], roots, fill=N
     """`choice` (a valid program for `roots`) with each group of used classes that can read
     slices of one merged product switched to those slices, groups with more members
     first (a class joins one group), each group kept only where the program stays
-    acyclic. Classes the merged products newly need take `fill`'s choice (default
-    `choice`; a class `fill` does not cover drops the group). None when no group applies.
-    The result covers exactly the classes the program uses."""
-    fill = choice if fill is None else fill
+    acyclic. Classes the merged products newly need take `fill`'s choice: a dict, or a
+    function making one, called only when some group is found (default `choice`; a class
+    `fill` does not cover drops the group). None when no group applies. The result
+    covers exactly the classes the program uses."""
     used = set(reachable(graph, choice, roots))
+    groups = _groups(graph, used)
+    if not groups:
+        return None
+    fill = choice if fill is None else fill() if callable(fill) else fill
     taken, best, merged = set(), dict(choice), 0
-    for product, readers in _groups(graph, used):
+    for product, readers in groups:
         readers = [(c, steps) for c, steps in readers if c not in taken]
         if len(readers) < 2:
             continue

@@ -14,6 +14,7 @@ ModelProto as onnx.load would, so shape inference and folding see its value.
 """
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -25,11 +26,6 @@ from apsat.errors import ModelError
 
 SMALL_BYTES = 1 << 16
 EXTERNAL = onnx.TensorProto.EXTERNAL
-
-
-def has_external(proto: onnx.ModelProto) -> bool:
-    """Whether any top-level initializer keeps its data outside the model."""
-    return any(t.data_location == EXTERNAL for t in proto.graph.initializer)
 
 
 def open_external(proto: onnx.ModelProto, base: Path, label: str) -> dict[str, np.ndarray]:
@@ -55,11 +51,16 @@ def open_external(proto: onnx.ModelProto, base: Path, label: str) -> dict[str, n
     return arrays
 
 
+def _location(t: onnx.TensorProto) -> str:
+    """The file an external tensor's bytes lie in, relative to the model ("" when unsaid)."""
+    return next((e.value for e in t.external_data if e.key == "location"), "")
+
+
 def _where(t: onnx.TensorProto, base: Path, label: str):
     """(file, offset, little-endian dtype, shape) of an external tensor, checked."""
     info = {e.key: e.value for e in t.external_data}
     prefix = f"{label}: " if label else ""
-    location = info.get("location", "")
+    location = _location(t)
     path = (base / location).resolve()
     if not location or base.resolve() not in path.parents:
         raise ModelError(f"{prefix}initializer {t.name!r}: external data location {location!r} "
@@ -84,17 +85,27 @@ def _where(t: onnx.TensorProto, base: Path, label: str):
 def data_files(path) -> list[Path]:
     """The external-data files a model file's initializers name (each once, in order;
     those that exist), read without loading them: what a result's content key hashes and
-    a batch's memory limit counts beside the .onnx."""
+    a batch's memory limit counts beside the .onnx. The file is parsed once while it stays
+    the same (size and modification time)."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError:          # no model: its worker says why
+        return []
+    return list(_data_files(str(path), st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _data_files(path: str, size: int, mtime_ns: int) -> tuple[Path, ...]:
     path = Path(path)
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception:        # not a model: its worker says why
-        return []
+        return ()
     out = []
     for t in proto.graph.initializer:
         if t.data_location == EXTERNAL:
-            location = next((e.value for e in t.external_data if e.key == "location"), "")
-            file = path.parent / location
-            if location and file.is_file() and file not in out:
+            file = path.parent / _location(t)
+            if _location(t) and file.is_file() and file not in out:
                 out.append(file)
-    return out
+    return tuple(out)

@@ -38,7 +38,7 @@ def read_model(source) -> tuple[onnx.ModelProto, Path | None, dict]:
     weight) from a path or a ModelProto; a file's external data is mapped, not read
     (apsat.frontend.external). ModelError for a missing, empty or unparsable file, a
     protobuf that is not a model, and external data that is missing or short."""
-    from apsat.frontend.external import has_external, open_external
+    from apsat.frontend.external import open_external
 
     if isinstance(source, onnx.ModelProto):
         proto, path = source, None
@@ -60,7 +60,7 @@ def read_model(source) -> tuple[onnx.ModelProto, Path | None, dict]:
                              f"{first_line(e).split(': ')[-1]})") from None
     if not proto.HasField("graph") or proto.ir_version == 0:
         raise ModelError(f"{path or 'model'}: not an ONNX model (no graph or IR version)")
-    external = open_external(proto, path.parent, str(path)) if path and has_external(proto) else {}
+    external = open_external(proto, path.parent, str(path)) if path else {}
     return proto, path, external
 
 

@@ -158,15 +158,10 @@ def float64_copy(model_proto: onnx.ModelProto, shapes: dict, floats: set,
     without a double kernel that is neither rewritable nor elementwise. `shapes`, `floats`:
     `infer`'s view of the model, which the rewrites need. The top-level initializers named
     in `external` are left for the caller to give onnxruntime (`ort_session`'s external)."""
-    from apsat.pipeline.zoo import ORT_IR_VERSION
+    from apsat.pipeline.zoo import ORT_IR_VERSION, without_initializers
 
-    model, g = onnx.ModelProto(), model_proto.graph     # every field but the weights
+    model, g = without_initializers(model_proto), model_proto.graph
     model.ir_version = min(model_proto.ir_version, ORT_IR_VERSION)
-    model.opset_import.extend(model_proto.opset_import)
-    model.functions.extend(model_proto.functions)
-    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
-        getattr(model.graph, field).extend(getattr(g, field))
-    model.graph.name = g.name
     for init in g.initializer:
         model.graph.initializer.append(_external(init) if init.name in external else init)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)

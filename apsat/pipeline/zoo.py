@@ -99,12 +99,11 @@ def _drop_unread_initializers(g):
 ORT_IR_VERSION = 10
 
 
-def ort_session(model_proto: onnx.ModelProto, external: dict | None = None):
+def ort_session(model_proto: onnx.ModelProto):
     """An onnxruntime InferenceSession of the model on the CPU, 2 threads, no graph
     optimisation (the plain oracle: no fused kernels that reorder arithmetic). A model
     stamped with an IR version above ORT_IR_VERSION runs as a copy stamped ORT_IR_VERSION.
-    `external`: name -> array for initializers the model marks as external data (the
-    session reads the arrays in place: keep them alive while it runs). onnxruntime's own
+    Large weights reach it best as inputs (`weights_as_inputs`). onnxruntime's own
     exception when it refuses the model."""
     import onnxruntime as ort
 
@@ -116,17 +115,12 @@ def ort_session(model_proto: onnx.ModelProto, external: dict | None = None):
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 4     # fatal only: every error is raised to the caller, who reports it once
-    if external:
-        names = list(external)
-        opts.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(external[n]) for n in names])
     return ort.InferenceSession(model_proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def weights_as_inputs(model_proto: onnx.ModelProto, names) -> onnx.ModelProto:
-    """A copy (without those tensors' bytes) whose initializers in `names` are typed graph
-    inputs instead: fed at run time, onnxruntime reads the arrays where they lie, where
-    it copies an initializer (external ones included) into the session."""
-    names = set(names)
+def without_initializers(model_proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of every field of the model but its graph's initializers (cheap: no weight
+    bytes), for a caller to add the initializers it keeps."""
     model = onnx.ModelProto()
     model.ir_version, g, src = model_proto.ir_version, model.graph, model_proto.graph
     model.opset_import.extend(model_proto.opset_import)
@@ -134,12 +128,21 @@ def weights_as_inputs(model_proto: onnx.ModelProto, names) -> onnx.ModelProto:
     for field in ("node", "input", "output", "value_info", "sparse_initializer"):
         getattr(g, field).extend(getattr(src, field))
     g.name = src.name
-    declared = {i.name for i in src.input}
-    for init in src.initializer:
+    return model
+
+
+def weights_as_inputs(model_proto: onnx.ModelProto, names) -> onnx.ModelProto:
+    """A copy (without those tensors' bytes) whose initializers in `names` are typed graph
+    inputs instead: fed at run time, onnxruntime reads the arrays where they lie, where
+    it copies an initializer (external ones included) into the session."""
+    names = set(names)
+    model = without_initializers(model_proto)
+    declared = {i.name for i in model_proto.graph.input}
+    for init in model_proto.graph.initializer:
         if init.name not in names:
-            g.initializer.append(init)
+            model.graph.initializer.append(init)
         elif init.name not in declared:
-            g.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+            model.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
     return model
 
 
@@ -183,17 +186,6 @@ def logits_output(model_proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def without_big_weights(model):
-    """Same graph, weights as typed inputs: shape inference need not copy their bytes."""
-    sk = onnx.ModelProto()
-    sk.ir_version, g = model.ir_version, sk.graph
-    sk.opset_import.extend(model.opset_import)
-    g.node.extend(model.graph.node)
-    g.output.extend(model.graph.output)
-    g.input.extend(model.graph.input)
-    declared = {i.name for i in model.graph.input}
-    for init in model.graph.initializer:
-        if init.data_type != onnx.TensorProto.FLOAT:
-            g.initializer.append(init)
-        elif init.name not in declared:
-            g.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-    return sk
+    """Same graph, float weights as typed inputs: shape inference need not copy their bytes."""
+    return weights_as_inputs(model, [i.name for i in model.graph.initializer
+                                     if i.data_type == onnx.TensorProto.FLOAT])

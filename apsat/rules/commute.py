@@ -55,10 +55,10 @@ def _constant(node) -> bool:
     return isinstance(node, Form) and node.head == "access-literal"
 
 
-def variants(form: Form, pattern, name: str) -> list[str]:
+def variants(form: Form, pairs: list[Form], name: str) -> list[str]:
     """The egglog text of every other operand order of `form` (a rule command whose
-    pattern is `pattern`), each with its own :name, duplicates dropped."""
-    pairs = commutative_pairs(pattern)
+    pattern's commutative pairs are `pairs`), each with its own :name, duplicates
+    dropped."""
     seen, out = {to_text(form)}, []
     for k, chosen in enumerate(_subsets(pairs), start=1):
         text = to_text(form, {id(p) for p in chosen})

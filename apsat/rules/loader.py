@@ -260,10 +260,10 @@ def parse_rule_file(path, known_rulesets: set[str], signatures: dict) -> RuleFil
             body = text[form.start:form.end]
             if name_atom is None:
                 body = body[:-1] + f' :name "{name}")'
-            pattern = positional(form.items[1:])[0]       # a rewrite's left side, a rule's query
-            if len(commutative_pairs(pattern)) > MAX_SWAPPED:
+            pairs = commutative_pairs(positional(form.items[1:])[0])   # a rewrite's left side, a rule's query
+            if len(pairs) > MAX_SWAPPED:
                 check.fail(form.line, f"the pattern has more than {MAX_SWAPPED} commutative pairs "
                            f"(each matches both operand orders: 2^{MAX_SWAPPED} variants at most)")
-            body = "\n".join([body] + variants(form, pattern, name))
+            body = "\n".join([body] + variants(form, pairs, name))
             out.rules.append(Rule(name, ruleset, path, form.line, body))
     return out
