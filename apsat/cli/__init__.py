@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from apsat.cli.rules import cmd_rules, rules_options
 from apsat.cli.summary import compile_failures, failed, summary_table
 from apsat.cli.zoo import zoo_options
 from apsat.errors import ApsatError, is_internal
@@ -250,38 +251,6 @@ def cmd_extract(args) -> int:
     return EXIT_OK
 
 
-def cmd_rules(args) -> int:
-    """`rules list`: every ruleset and rule with its file and line; `rules check PATH`:
-    validate rule files without running a model."""
-    from apsat.rules.library import RuleLibrary
-
-    args.phase = "rules"
-    if args.action == "check":
-        if not args.paths:
-            raise ApsatError("rules check: give one or more rule files or directories")
-        lib = RuleLibrary(args.paths)
-        names = lib.resolve(files=args.paths)
-        checked = set(_rule_paths(args.paths))
-        count = sum(len(rf.rules) for rf in lib.files if rf.path in checked)
-        print(f"ok: {count} rules in ruleset(s) {', '.join(names) or '-'}")
-        return EXIT_OK
-    lib = RuleLibrary(args.paths)
-    for name in sorted(lib.rulesets):
-        where = lib.defined_in.get(name, "")
-        print(f"{name}  ({where})")
-        for rule in lib.rulesets[name]:
-            print(f"  {rule.name}  {rule.path}:{rule.line}")
-    return EXIT_OK
-
-
-def _rule_paths(items) -> list[Path]:
-    out = []
-    for item in items:
-        p = Path(item).resolve()
-        out.extend(sorted(p.glob("*.egg")) if p.is_dir() else [p])
-    return out
-
-
 def common_options(p) -> None:
     """The options `optimize` and `zoo` share, spelt the same on both."""
     from apsat.extract import EXTRACTORS
@@ -347,9 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=_positive(float), default=10.0, metavar="S",
                    help="seconds for extractors that search (ilp; default 10)")
     p.set_defaults(func=cmd_extract)
-    p = sub.add_parser("rules", help="list rulesets and rules, or check rule files")
-    p.add_argument("action", choices=["list", "check"])
-    p.add_argument("paths", nargs="*", help="rule files or directories (check: required; list: extra files)")
+    p = sub.add_parser("rules", help="list rulesets and rules, check rule files, or ask why a rule (did not) fire")
+    rules_options(p)
     p.set_defaults(func=cmd_rules)
     parser.set_defaults(phase="setup")   # commands move it on; main names it on an internal error
     return parser
