@@ -1,4 +1,4 @@
-"""Command line: `apsat optimize`, `apsat zoo`, `apsat extract`, `apsat rules`.
+"""Command line: `apsat optimize`, `apsat zoo`, `apsat extract`, `apsat rules`, `apsat explain`.
 
 Every command prints a one-line error (never a traceback) for bad input. Exit statuses,
 the same for every command (EXIT_* below):
@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from apsat.cli.explain import cmd_explain, explain_options
 from apsat.cli.rules import cmd_rules, rules_options
 from apsat.cli.summary import compile_failures, failed, summary_table
 from apsat.cli.zoo import zoo_options
@@ -319,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rules", help="list rulesets and rules, check rule files, or ask why a rule (did not) fire")
     rules_options(p)
     p.set_defaults(func=cmd_rules)
+    p = sub.add_parser("explain", help="print the rules that built each fused atom of an optimised model")
+    explain_options(p)
+    p.set_defaults(func=cmd_explain)
     parser.set_defaults(phase="setup")   # commands move it on; main names it on an internal error
     return parser
 

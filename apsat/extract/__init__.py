@@ -71,7 +71,9 @@ def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float |
     `optimal` and `gap`). `time_limit` (seconds) bounds extractors that take one (ilp).
     ExtractionError (an ApsatError and a ValueError) for an unknown method or cost model, no
     root, or a root with no acyclic program; EGraphError for a handle of another e-graph."""
-    return extract_candidates(eg, root, method, cost, time_limit, merges=False)[0][1]
+    program = extract_candidates(eg, root, method, cost, time_limit, merges=False)[0][1]
+    program.graph = None          # the e-graph's copy is not kept alive by a returned program
+    return program
 
 
 def extract_candidates(eg, root, method: str = "greedy-dag", cost=None, time_limit: float | None = None,
@@ -120,4 +122,7 @@ def _program(eg, graph, outputs: dict, roots, choice: dict, node_cost) -> Progra
                       dict(eg.tensor_shapes), dict(eg.opaque_nodes), weights=graph.weights,
                       known_shapes=shapes)
     program.cost = dag_cost(graph, choice, roots, node_cost)
+    # What the program was chosen from (apsat.pipeline.trace reads them for the why-trace):
+    # the choice, class id -> node id, and the serialised e-graph it names.
+    program.choice, program.graph = dict(choice), graph
     return program

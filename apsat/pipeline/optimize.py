@@ -202,6 +202,7 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
     before = _timed("price before", tell, seconds, price_of, backend, m.program, tgt, m.weights,
                     lowering or {}, extracted, planned) if planned else None
     report = _report(m, target, rules, program, eg, loaded, saturation, seconds)
+    report["why"] = _timed("why", tell, seconds, _why, eg, m, program)
     into_extraction(report["extraction"], planned, before)
     report.update({"limits": limits}, **({"rule_check": rule_check} if rule_check else {}))
     report[backend.name] = lowered.report
@@ -216,6 +217,19 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
                                             verify and given is None)
         fold_into(report, report["dynamic"])
     return OptimizeResult(program, m, report, lowered, backend, outputs, general)
+
+
+def _why(eg, m, program) -> dict:
+    """The why-trace of the chosen program (apsat.pipeline.trace); the e-graph's copy that
+    extraction left on the program is let go here."""
+    from apsat.pipeline.trace import why_trace
+    from apsat.rules.library import RuleLibrary
+
+    library = getattr(eg, "library", None) or RuleLibrary()
+    try:
+        return why_trace(eg, m.program, program, library)
+    finally:
+        program.graph = None
 
 
 def _timed(phase: str, tell, seconds: dict, fn, *args):

@@ -165,7 +165,7 @@ def rule_queries(rule: Rule) -> list[Query]:
         if not isinstance(form, Form):
             continue
         name = _name(form) or rule.name
-        patterns, conditions = _split(form)
+        patterns, conditions = split_facts(form)
         query = Query(name, [], conditions, _text(form))
         for var, pattern in patterns:
             _add_nodes(query, pattern, None, var)
@@ -181,7 +181,7 @@ def _name(form: Form) -> str | None:
     return None
 
 
-def _split(form: Form) -> tuple[list[tuple[str, Form]], list[Form]]:
+def split_facts(form: Form) -> tuple[list[tuple[str, Form]], list[Form]]:
     """(patterns as (root variable, form), conditions) of a rewrite or rule command: a
     rewrite's left side is bound to ROOT and its `:when` facts are conditions; a rule's
     `(= VAR PATTERN)` facts are patterns and the rest conditions."""
