@@ -47,6 +47,11 @@ class EGraph(driver.EGraph):
 
         return eclass(self, handle, cost)
 
+    @property
+    def added_terms(self) -> list:
+        """Every term added so far (the programs' sub-terms), as the import wrote them."""
+        return list(self._ids)
+
     def _repr_html_(self) -> str:
         # Small e-graphs draw whole; larger ones draw their outputs' neighbourhood.
         return self.view(None, depth=None if self.size()[0] <= 60 else 2)._repr_html_()

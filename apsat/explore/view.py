@@ -158,33 +158,39 @@ class EClassInfo:
     cls: str
     shape: object
     cost_model: str
-    members: list   # (label, cost)
+    members: list   # (label, cost, made by: "import", a rule's name, or None: no rule explains it)
 
     def __str__(self) -> str:
         lines = [f"e-class {self.cls} {render.shape_text(self.shape)} ({self.cost_model} cost)"]
-        return "\n".join(lines + [f"  {c:12.4g}  {label}" for label, c in self.members])
+        return "\n".join(lines + [f"  {c:12.4g}  {label}  [{by or '?'}]" for label, c, by in self.members])
 
     def __repr__(self) -> str:
         return str(self)
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><td><code>{html.escape(label)}</code></td><td style='text-align:right'>{c:.4g}</td></tr>"
-                       for label, c in self.members)
+        rows = "".join(f"<tr><td><code>{html.escape(label)}</code></td><td style='text-align:right'>{c:.4g}</td>"
+                       f"<td>{html.escape(by or '?')}</td></tr>" for label, c, by in self.members)
         return (f"<b>e-class {html.escape(self.cls)}</b> shape {html.escape(render.shape_text(self.shape))}"
-                f"<table><tr><th>e-node</th><th>own cost ({html.escape(self.cost_model)})</th></tr>{rows}</table>")
+                f"<table><tr><th>e-node</th><th>own cost ({html.escape(self.cost_model)})</th>"
+                f"<th>made by</th></tr>{rows}</table>")
 
 
 def eclass(eg, handle, cost=None) -> EClassInfo:
-    """Members of `handle`'s e-class with their shapes and own costs (cost model `cost`,
-    default the e-graph target's)."""
+    """Members of `handle`'s e-class with their shapes, own costs (cost model `cost`,
+    default the e-graph target's) and what made each: the import, the rule whose right side
+    it is (apsat.pipeline.trace.built_by), or "?" when no rule explains it."""
     from apsat.extract.cost import cost_model
+    from apsat.pipeline.trace import built_by
+    from apsat.rules.library import RuleLibrary
 
     drawing = render.neighbourhood(eg, handle, depth=0)
     graph, cls = drawing.graph, drawing.roots[0]
     graph.shapes = drawing.shapes
     model = cost_model(cost, eg.target)
     price = model.node_cost(graph)
-    members = [(render.node_label(graph, nid), price(nid)) for nid in render.expr_members(graph, cls)]
+    nids = render.expr_members(graph, cls)
+    made = built_by(eg, getattr(eg, "added_terms", ()), graph, nids, getattr(eg, "library", None) or RuleLibrary())
+    members = [(render.node_label(graph, nid), price(nid), made[nid]) for nid in nids]
     return EClassInfo(cls, drawing.shapes.get(cls), model.name, sorted(members, key=lambda m: m[1]))
 
 

@@ -35,21 +35,38 @@ def why_trace(eg, imported, chosen, library) -> dict:
     graph, choice = getattr(chosen, "graph", None), getattr(chosen, "choice", None)
     if graph is None or choice is None:
         return {"atoms": [], "left_out": 0}
-    original = _original_nodes(eg, imported, graph)
+    original = _original_nodes(eg, imported.terms(), graph)
     atoms = [nid for cls, nid in choice.items() if nid not in original and _is_atom(graph, nid)]
     atoms.sort(key=lambda n: _order(graph, n))
     if not atoms:
         return {"atoms": [], "left_out": 0}
-    index = library.__dict__.get("_provenance")
-    if index is None:        # read once per library: every rule's text parsed
-        index = library.__dict__["_provenance"] = RuleIndex(library)
-    trace = _Trace(graph, original, index)
+    trace = _Trace(graph, original, _index(library))
     entries = []
     for nid in atoms[:MAX_ATOMS]:
         tree = trace.tree(nid, 0, frozenset())
         entries.append({"class": graph.nodes[nid]["eclass"], "atom": tree["node"],
                         "rules": _in_order(tree), "tree": tree})
     return {"atoms": entries, "left_out": max(0, len(atoms) - MAX_ATOMS)}
+
+
+def built_by(eg, terms, graph, nids, library) -> dict[str, str | None]:
+    """Node id -> "import" for a node of the added `terms` (what the import wrote), else the
+    name of the first rule that explains it (apsat.rules.provenance), else None; for the
+    nodes `nids` of `graph`, the serialised e-graph of `eg`."""
+    original = _original_nodes(eg, terms, graph)
+    index, parents = _index(library), graph.parents()
+    out = {}
+    for nid in nids:
+        out[nid] = "import" if nid in original else next((r for r, _ in index.builders(graph, nid, parents)), None)
+    return out
+
+
+def _index(library) -> RuleIndex:
+    """The library's RuleIndex, read once per library (every rule's text parsed)."""
+    index = library.__dict__.get("_provenance")
+    if index is None:
+        index = library.__dict__["_provenance"] = RuleIndex(library)
+    return index
 
 
 def _order(graph, nid: str):
@@ -101,11 +118,11 @@ def _in_order(tree: dict) -> list[str]:
     return out
 
 
-def _original_nodes(eg, imported, graph) -> set[str]:
-    """The node ids of `graph` that are the imported program's own terms: in the term's
-    class, the node with the term's operator and arguments (Expr children as classes)."""
+def _original_nodes(eg, terms, graph) -> set[str]:
+    """The node ids of `graph` that are the added `terms` themselves: in the term's class,
+    the node with the term's operator and arguments (Expr children as classes)."""
     out = set()
-    for term in imported.terms():
+    for term in terms:
         handle = eg.handle_of(term)
         cls = eg.class_of(handle)
         want = tuple(_class_arg(eg, a) for a in term.args)

@@ -105,12 +105,15 @@ def test_eclass_lists_members_with_shapes_and_costs():
     eg, root = _conv_egraph()
     step(eg, "im2col")
     info = eclass(eg, root)
-    labels = [label for label, _ in info.members]
+    labels = [label for label, _, _ in info.members]
     assert "compute dot-product ·" in labels and any(lab.startswith("access-reshape") for lab in labels)
     assert info.shape == ((8, 30, 30), ())
     assert info.cost_model == "systolic"
-    costs = dict(info.members)
+    costs = {label: c for label, c, _ in info.members}
     assert costs["compute dot-product ·"] > 0        # a dot-product left to the host
+    made = {label: by for label, _, by in info.members}
+    assert made["compute dot-product ·"] == "import"   # the convolution as imported
+    assert all(by == "im2col" or by.startswith("im2col/") for label, by in made.items() if label.startswith("access-reshape"))
     assert re.search(r"access-reshape", info._repr_html_())
 
 
@@ -120,7 +123,7 @@ def test_chain_operators_are_labelled_with_their_parts():
             "(access-pair (access (access-tensor x) 1) (access (access-tensor x) 1)))))")
     root = eg.add(apsat.parse(text, {"x": (4, 5)}))
     step(eg, "fusion")
-    labels = [label for label, _ in eclass(eg, root).members]
+    labels = [label for label, _, _ in eclass(eg, root).members]
     assert "compute (chain (chain elementwise-add relu) sigmoid) ·" in labels
     assert "compute sigmoid ·" in labels and "compute (chain relu sigmoid) ·" in labels
 
