@@ -143,8 +143,12 @@ class Builder:
 
     def expand(self, t: Term, out_dims) -> Term:
         """numpy broadcasting of t to out_dims: prepend 1s (reshape), then broadcast;
-        the result is split with every dim iterated."""
+        the result is split with every dim iterated. A constant already broadcast (an
+        equal-valued tensor as a literal over its dims, frontend/constants.py) is broadcast
+        from its literal, in one step: the form a scalar gets, which rules match by value."""
         out_dims = tuple(out_dims)
+        if t.op == "access-broadcast" and is_constant(t):
+            t = t.args[0]          # broadcasts compose: its operand's dims broadcast to out_dims too
         dims = self.dims(t)
         if len(dims) < len(out_dims):
             t = self.reshape(t, (1,) * (len(out_dims) - len(dims)) + dims)

@@ -23,8 +23,8 @@ class FoldError(Exception):
 
 @dataclass
 class Const:
-    """A value known at import. `weight`: it came from an initializer, so as data it is
-    always a named weight (never a literal); folded values of one element become literals."""
+    """A value known at import. `weight`: it came from an initializer. As data, a constant
+    holding one value becomes a literal whatever its source (frontend/constants.py)."""
 
     value: np.ndarray
     weight: bool = False

@@ -21,6 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from apsat.frontend.builder import Builder
+from apsat.frontend.constants import ConstantTerms
 from apsat.frontend.folding import Const, FoldError, fold, fold_shape
 from apsat.frontend.lowering import LOWERINGS, BadAttribute, NodeCtx, NodeProblem
 from apsat.frontend.limits import check_declarations, check_dims, check_no_nan, check_one_d, check_strings
@@ -138,7 +139,8 @@ class Importer:
         self.env: dict[str, object] = {}
         self.weights: dict[str, np.ndarray] = {}
         self.opaque_nodes: dict[str, OpaqueNode] = {}
-        self._const_terms: dict[str, Term] = {}
+        self.constants = ConstantTerms(self)
+        self.lowering = None                 # the node whose lowering runs (constants.py reads it)
         self.inputs = inputs
         self.live, self.used = self._liveness()
         self.symbolic = SymbolFolding()      # load_onnx sets the symbols' sizes
@@ -192,22 +194,10 @@ class Importer:
         return name in self.used
 
     def term(self, name: str) -> Term:
-        """The value as a term: constants of one element become literals whatever their
-        source (a rule matches a constant by value), other constants named weights."""
+        """The value as a term: a constant holding one value becomes a literal where a rule
+        may match it by value (constants.py), other constants named weights."""
         v = self.env[name]
-        if isinstance(v, Term):
-            return v
-        if name not in self._const_terms:
-            arr = np.asarray(v.value)
-            scalar = float(arr.reshape(-1)[0]) if arr.size == 1 and arr.dtype.kind in "fiub" else None
-            if scalar is not None and np.isfinite(scalar):
-                t = self.b.literal(scalar)
-                t = self.b.reshape(t, arr.shape) if arr.shape != () else t
-            else:
-                t = self.add_weight(name, arr)
-                self.symbolic.weight_made(name, t.args[0])
-            self._const_terms[name] = t
-        return self._const_terms[name]
+        return v if isinstance(v, Term) else self.constants.term(name, v.value)
 
     def add_weight(self, name: str, array: np.ndarray) -> Term:
         """Register a float32 weight (a fresh name if taken) and return its access-tensor."""
@@ -355,6 +345,7 @@ class Importer:
         opset = self.opsets.get(node.domain or "", self.opsets.get("", 1))
         ctx = NodeCtx(node, idx, opset, self.b, self)
         where = self._where(idx, node)
+        self.lowering = node
         try:
             outs = fn(ctx)
         except Unlowerable:
@@ -363,6 +354,8 @@ class Importer:
             raise ModelError(f"{where}: attribute {e.attr!r}: {e}") from None
         except (NodeProblem, ShapeError, ValueError) as e:
             raise ModelError(f"{where}: {first_line(e)}") from None
+        finally:
+            self.lowering = None
         for k, name in enumerate(node.output):
             if name and self.is_used(name) and (k >= len(outs) or outs[k] is None):
                 return None

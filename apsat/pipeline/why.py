@@ -184,7 +184,7 @@ def why_on_model(model, rule_name: str, files=(), target="gpu") -> RuleWhy:
     eg = EGraph(target=target)
     eg.add_outputs(m.program)
     reports = [saturate(eg, library=library)]
-    if not any(rule.ruleset in phase.rulesets for phase in default_plan(eg.target)):
+    if not any(rule.ruleset in phase.rulesets for phase in default_plan(eg.target, library)):
         reports.append(saturate(eg, [rule.ruleset], library=library))
     counted = sum(p["rule_matches"].get(rule.name, 0) for r in reports for p in r["phases"])
     return rule_why(eg, rule, counted)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from apsat.errors import RuleError
 from apsat.rules.loader import BUILTIN_DIR, Rule, RuleFile, language_signatures, parse_rule_file
+from apsat.rules.plans import ON_REQUEST
 
 
 def builtin_rule_files() -> list[Path]:
@@ -42,9 +43,15 @@ class RuleLibrary:
         self.rulesets: dict[str, list[Rule]] = {}
         self.rules: dict[str, Rule] = {}
         self.defined_in: dict[str, Path] = {}
+        self.phase_of: dict[str, str] = {}     # ruleset -> the phase it joins (its `:phase`)
         self._signatures = dict(language_signatures())
         for path in builtin_rule_files():
             self.add_file(path)
+        for rf in self.files:                  # the built-ins: none may be silently left out
+            for name, line in rf.rulesets:
+                if name not in self.phase_of:
+                    raise RuleError(f"{rf.path}:{line}: built-in ruleset '{name}' joins no phase: declare "
+                                    f"(ruleset {name} :phase PHASE), or :phase {ON_REQUEST} to run it only when named")
         for item in extra:
             for path in _expand(Path(item)):
                 self.add_file(path)
@@ -58,6 +65,7 @@ class RuleLibrary:
         for name, line in rf.rulesets:
             self.rulesets[name] = []
             self.defined_in[name] = path
+        self.phase_of.update(rf.phases)
         for rule in rf.rules:
             if rule.name in self.rules:
                 other = self.rules[rule.name]
@@ -89,6 +97,14 @@ class RuleLibrary:
             else:
                 raise RuleError(self._unknown(str(item)))
         return list(dict.fromkeys(names))
+
+    def joins_plan(self, rules) -> bool:
+        """Whether a `rules=` argument is rule-file paths only, whose rulesets all join a
+        phase of the plans (`:phase`, not on-request): they then run in the target's plan."""
+        items = [rules] if isinstance(rules, (str, Path)) else list(rules or ())
+        if not items or not all(isinstance(i, Path) or is_path_like(str(i)) for i in items):
+            return False
+        return all(self.phase_of.get(name, ON_REQUEST) != ON_REQUEST for name in self.resolve(items))
 
     def _path_rulesets(self, path: Path, given: str) -> list[str]:
         """The rulesets that the rule files under `path` declare or extend."""

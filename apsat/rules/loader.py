@@ -1,7 +1,8 @@
 """Rule files: validate declarative egglog rule files and assemble them into rulesets.
 
 A rule file holds only declarations and rules: `(ruleset NAME)`, `rewrite`, `birewrite`,
-`rule`, and helper `relation`/`function` declarations. Anything that runs, extracts or
+`rule`, `pattern` (the short form, expanded into a `rule` first: apsat/rules/sugar.py), and
+helper `relation`/`function` declarations. Anything that runs, extracts or
 touches files (`run`, `let`, `extract`, `include`, `input`, `output`, ...) is refused, as
 are unknown ops, wrong arities, variables on a right-hand side that the left side does not
 bind, rules outside a named ruleset, and a ruleset or rule name defined twice. Every
@@ -19,7 +20,9 @@ from pathlib import Path
 from apsat.egraph.egglog_io import language_text
 from apsat.errors import RuleError
 from apsat.rules.commute import MAX_SWAPPED, commutative_pairs, variants
+from apsat.rules.plans import ON_REQUEST, PHASE_NAMES
 from apsat.rules.sexpr import Atom, Form, SexprError, atoms, calls, read_forms
+from apsat.rules.sugar import expand_patterns
 
 BUILTIN_DIR = Path(__file__).resolve().parent
 RULE_FORMS = {"rewrite", "birewrite", "rule"}
@@ -59,6 +62,7 @@ class RuleFile:
     rulesets: list[tuple[str, int]] = field(default_factory=list)   # (name, line)
     declarations: list[str] = field(default_factory=list)          # helper function/relation text
     rules: list[Rule] = field(default_factory=list)
+    phases: dict[str, str] = field(default_factory=dict)           # ruleset -> the phase it joins
 
 
 @lru_cache(maxsize=1)
@@ -207,6 +211,27 @@ def _check_limits(path: Path, forms: list) -> None:
                     raise RuleError(f"{path}:{it.line}: integer {it.text} does not fit in i64")
 
 
+def _ruleset_declaration(check: _Checker, form: Form, rulesets: set[str], signatures: dict) -> tuple[str, str | None]:
+    """(name, phase or None) of `(ruleset NAME)` or `(ruleset NAME :phase PHASE)`, checked:
+    a name defined twice or named like an operator, and a phase no plan has, are refused."""
+    items = form.items
+    name = items[1].text if len(items) in (2, 4) and isinstance(items[1], Atom) else None
+    phase = None
+    if len(items) == 4 and isinstance(items[2], Atom) and items[2].text == ":phase" and isinstance(items[3], Atom):
+        phase = items[3].text
+    if name is None or (len(items) == 4 and phase is None):
+        check.fail(form.line, "expected (ruleset NAME) or (ruleset NAME :phase PHASE)")
+    if name in rulesets or name == "shapes":
+        check.fail(form.line, f"ruleset '{name}' is defined twice")
+    if name in signatures:     # egglog would refuse it later ("Shadowing is not allowed")
+        check.fail(form.line, f"ruleset '{name}' is named like the language's operator, "
+                   "function or relation of that name: choose another name")
+    if phase is not None and phase not in PHASE_NAMES + (ON_REQUEST,):
+        check.fail(form.line, f"unknown phase '{phase}' (the plans' phases: {', '.join(PHASE_NAMES)}; "
+                   f"or {ON_REQUEST}: run only when named)")
+    return name, phase
+
+
 def parse_rule_file(path, known_rulesets: set[str], signatures: dict) -> RuleFile:
     """Validate one rule file. `known_rulesets`: rulesets defined by files loaded before
     (a file may add rules to them but not declare them again). `signatures` is updated
@@ -223,6 +248,7 @@ def parse_rule_file(path, known_rulesets: set[str], signatures: dict) -> RuleFil
         forms = read_forms(text)
     except SexprError as exc:
         raise RuleError(f"{path}:{exc.line}: syntax error: {exc.reason}") from None
+    text, forms = expand_patterns(path, text, forms)     # each (pattern ..) a (rule ..), on its lines
     _check_limits(path, forms)
     out = RuleFile(path)
     rulesets = set(known_rulesets)
@@ -232,18 +258,13 @@ def parse_rule_file(path, known_rulesets: set[str], signatures: dict) -> RuleFil
             check.fail(form.line, f"unexpected '{form.text}' at top level")
         if form.head in REFUSED_ACTIONS or form.head not in RULE_FORMS | DECLARATIONS:
             check.fail(form.line, f"`{form.head or '('}` is not allowed in a rule file: only ruleset, "
-                       "rewrite, birewrite, rule, relation and function declarations")
+                       "rewrite, birewrite, rule, pattern, relation and function declarations")
         if form.head == "ruleset":
-            name = form.items[1].text if len(form.items) == 2 and isinstance(form.items[1], Atom) else None
-            if name is None:
-                check.fail(form.line, "expected (ruleset NAME)")
-            if name in rulesets or name == "shapes":
-                check.fail(form.line, f"ruleset '{name}' is defined twice")
-            if name in signatures:     # egglog would refuse it later ("Shadowing is not allowed")
-                check.fail(form.line, f"ruleset '{name}' is named like the language's operator, "
-                           "function or relation of that name: choose another name")
+            name, phase = _ruleset_declaration(check, form, rulesets, signatures)
             rulesets.add(name)
             out.rulesets.append((name, form.line))
+            if phase is not None:
+                out.phases[name] = phase
         elif form.head in ("function", "relation"):
             if len(form.items) < 3 or not isinstance(form.items[1], Atom) or not isinstance(form.items[2], Form):
                 check.fail(form.line, f"expected ({form.head} NAME (ARG-SORTS ...) ...)")

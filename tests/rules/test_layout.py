@@ -58,6 +58,8 @@ REACH = [
     ("layout/transpose-identity-5", tr(A1, 0, 1, 2, 3, 4), {"a": (2, 3, 4, 5, 6)}, A1),
     ("layout/transpose-unary-out", f"(compute relu {tr(X4, *NHWC)})", {"x": (2, 3, 4, 5)},
      tr(f"(compute relu {X4})", *NHWC)),
+    ("layout/access-through-map", "(access (compute sigmoid (access-tensor a)) 2)", {"a": (2, 3, 4)},
+     "(compute sigmoid (access (access-tensor a) 2))"),
     ("layout/transpose-unary-in", tr(f"(compute sigmoid {X4})", *NHWC), {"x": (2, 3, 4, 5)},
      f"(compute sigmoid {tr(X4, *NHWC)})"),
     ("layout/transpose-nary-out",
@@ -111,6 +113,8 @@ REFUSE = [
     # softmax over a non-empty item: the permutation would move item axes
     ("layout/transpose-unary-out", f"(compute softmax {tr(A1, 0, 2, 1)})", {"a": (2, 3, 4)}),
     ("layout/transpose-unary-in", tr(f"(compute softmax {A1})", 0, 2, 1), {"a": (2, 3, 4)}),
+    # softmax is no unary map: it normalises over the item, so the split decides what it reads
+    ("layout/access-through-map", "(access (compute softmax (access-tensor a)) 1)", {"a": (2, 3, 4)}),
     # the two operands are transposed differently
     ("layout/transpose-nary-out",
      f"(compute elementwise-add (access-pair {tr(A1, 1, 0, 2)} {tr(at('b', 1), 0, 2, 1)}))",
