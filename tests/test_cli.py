@@ -84,7 +84,7 @@ def test_rules_check_and_list(tmp_path, capsys):
     assert main(["rules", "check", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.strip().endswith("`run` is not allowed in a rule file: only ruleset, rewrite, birewrite, rule, "
-                                "relation and function declarations") and f"{bad}:2:" in err
+                                "pattern, relation and function declarations") and f"{bad}:2:" in err
 
 
 def test_optimize_gpu_compiles_kernels_for_sm90(tmp_path):
