@@ -17,7 +17,7 @@ no rule explains it: see provenance's module doc), "from": [trees]}.
 """
 from __future__ import annotations
 
-from apsat.extract.decode import node_args
+from apsat.extract.decode import expr_child_classes, node_args
 from apsat.lang.ops import OPS
 from apsat.lang.term import ATTRIBUTE_OPS, Term
 from apsat.pipeline.why import member_text
@@ -119,25 +119,36 @@ def _in_order(tree: dict) -> list[str]:
 
 
 def _original_nodes(eg, terms, graph) -> set[str]:
-    """The node ids of `graph` that are the added `terms` themselves: in the term's class,
-    the node with the term's operator and arguments (Expr children as classes)."""
-    out = set()
-    for term in terms:
-        handle = eg.handle_of(term)
-        cls = eg.class_of(handle)
-        want = tuple(_class_arg(eg, a) for a in term.args)
+    """The node ids of `graph` that are the added `terms` themselves. From each root term
+    (one no other term reads) in its class, down: in a term's class, the node with the
+    term's operator and attributes is the term's, and its Expr child classes are the
+    classes of the term's children, in order. Why top-down: one egglog look-up a root
+    rather than one a term (a class_of is an egglog call; 5,000 terms took 0.3 s)."""
+    terms = list(terms)
+    read = {c for t in terms for c in t.children()}
+    stack = [(t, eg.class_of(eg.handle_of(t))) for t in terms if t not in read]
+    out, seen = set(), set()
+    while stack:
+        term, cls = stack.pop()
+        if term in seen:
+            continue
+        seen.add(term)
+        want = tuple(_slots(a) for a in term.args)
         for nid in graph.classes.get(cls, ()):
-            node = graph.nodes[nid]
-            if node["op"] == term.op and node_args(graph, nid, lambda c: ("class", c)) == want:
+            if graph.nodes[nid]["op"] == term.op and node_args(graph, nid, lambda c: _SLOT) == want:
                 out.add(nid)
+                stack.extend(zip(term.children(), expr_child_classes(graph, nid)))
                 break
     return out
 
 
-def _class_arg(eg, a):
-    """A Term argument with its Expr terms replaced by ("class", id)."""
+_SLOT = ("expr",)      # an Expr argument, compared by position only
+
+
+def _slots(a):
+    """A Term argument with its Expr terms replaced by _SLOT."""
     if isinstance(a, Term) and a.op not in ATTRIBUTE_OPS:
-        return ("class", eg.class_of(eg.handle_of(a)))
+        return _SLOT
     if isinstance(a, tuple):
-        return tuple(_class_arg(eg, x) for x in a)
+        return tuple(_slots(x) for x in a)
     return a

@@ -17,6 +17,7 @@ that replace its members) is credited by the right side's shape alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from apsat.egraph.bursts import base_name
 from apsat.egraph.serialize import EGG_TO_REGISTRY, SORT_OF
@@ -92,14 +93,8 @@ class RuleIndex:
     def __init__(self, library):
         self.by_key: dict[tuple, list[Builder]] = {}
         for rule in library.rules.values():
-            for form in read_forms(rule.text):
-                if not isinstance(form, Form):
-                    continue
-                patterns, conditions = split_facts(form)
-                for target, built in _built_forms(form):
-                    for k, sub in enumerate(_sub_forms(built)):
-                        b = Builder(base_name(rule.name), sub, k == 0, built, target, patterns, conditions)
-                        self.by_key.setdefault(_key(sub), []).append(b)
+            for key, b in _builders(rule.name, rule.text):
+                self.by_key.setdefault(key, []).append(b)
 
     def builders(self, graph, nid: str, parents: dict):
         """(rule name, {left-side node id, ...}) for each rule whose right side builds node
@@ -129,6 +124,21 @@ class RuleIndex:
             if used is not None:
                 return used
         return None
+
+
+@lru_cache(maxsize=4096)
+def _builders(name: str, text: str) -> tuple:
+    """((index key, Builder), ...) of one rule's text: read once per process, as each
+    optimize builds its own library of the same rules."""
+    out = []
+    for form in read_forms(text):
+        if not isinstance(form, Form):
+            continue
+        patterns, conditions = split_facts(form)
+        for target, built in _built_forms(form):
+            for k, sub in enumerate(_sub_forms(built)):
+                out.append((_key(sub), Builder(base_name(name), sub, k == 0, built, target, patterns, conditions)))
+    return tuple(out)
 
 
 def _key(form: Form) -> tuple:
