@@ -12,7 +12,7 @@ ORT_ENABLE_EXTENDED, kernels per transformer layer, `attention` kernels, host st
 once-only steps and the report's modelled time per inference
 (report["gpu_kernels"]["totals"]["modelled_us"]: the H100 roofline of every kernel and
 host step outside the weight preparation, apsat/backends/gpu/graph.py). "before" runs the
-pipeline unchanged with the gpu entry of apsat.rules.saturate.PLANS replaced for the call
+pipeline unchanged with apsat.rules.saturate.default_plan giving that plan for the call
 (optimize() runs one phase of the caller's rules or the default plan, no plan of the
 caller's); only "after" is verified against onnxruntime.
 
@@ -147,19 +147,19 @@ def switched_off() -> list[str]:
     """The fusion rulesets "before" leaves out: those of FUSION_RULESETS that a rule file
     defines and the default gpu plan runs."""
     from apsat.rules.library import RuleLibrary
-    from apsat.rules.saturate import PLANS
+    from apsat.rules.saturate import default_plan
 
     defined = RuleLibrary().rulesets
-    planned = {r for phase in PLANS["gpu"] for r in phase.rulesets}
+    planned = {r for phase in default_plan("gpu") for r in phase.rulesets}
     return [r for r in FUSION_RULESETS if r in defined and r in planned]
 
 
 def before_plan() -> tuple:
     """The default gpu plan without FUSION_RULESETS (a phase left empty is dropped)."""
-    from apsat.rules.saturate import PLANS
+    from apsat.rules.saturate import default_plan
 
     plan = []
-    for phase in PLANS["gpu"]:
+    for phase in default_plan("gpu"):
         kept = tuple(r for r in phase.rulesets if r not in FUSION_RULESETS)
         if kept:
             plan.append(dataclasses.replace(phase, rulesets=kept))
@@ -169,7 +169,7 @@ def before_plan() -> tuple:
 def optimize_with_plan(model, plan=None, **kwargs):
     """optimize(model, target="gpu", **kwargs) saturating with `plan` (a tuple of
     apsat.rules.saturate.Phase; None: the default plan): the pipeline as it is, with
-    PLANS["gpu"] replaced for the call (restored after)."""
+    apsat.rules.saturate.default_plan giving it for the call (restored after)."""
     from unittest import mock
 
     from apsat.pipeline.optimize import optimize
@@ -177,7 +177,7 @@ def optimize_with_plan(model, plan=None, **kwargs):
 
     if plan is None:
         return optimize(model, target="gpu", **kwargs)
-    with mock.patch.dict(saturate.PLANS, {"gpu": tuple(plan)}):
+    with mock.patch.object(saturate, "default_plan", lambda target, library=None: tuple(plan)):
         return optimize(model, target="gpu", **kwargs)
 
 

@@ -60,7 +60,7 @@ FLEX = "flex"
 # dataflow (the default slack trades up to 10% of a product's cycles for fewer words).
 FLEX_FASTEST = "flex-fastest"
 BASELINE_PLAN = ((("im2col",), 16), (("systolic",), 30))
-APSAT_PLAN = None                      # the target's default plan (apsat.rules.saturate.PLANS)
+APSAT_PLAN = None                      # the target's default plan (apsat.rules.saturate.default_plan)
 
 
 def _program(model, array: str, plan, cache: Path, key: str, dataflow: str | None = None):

@@ -17,6 +17,18 @@ def _load():
     return module
 
 
+def test_before_is_the_default_plan_without_the_fusion_rulesets():
+    """"before" leaves out exactly the fusion rulesets and keeps every other phase."""
+    from apsat.rules.saturate import default_plan
+
+    bench = _load()
+    assert set(bench.switched_off()) == set(bench.FUSION_RULESETS)
+    before = {p.name: p.rulesets for p in bench.before_plan()}
+    for phase in default_plan("gpu"):
+        kept = tuple(r for r in phase.rulesets if r not in bench.FUSION_RULESETS)
+        assert before.get(phase.name, ()) == kept and kept, phase.name
+
+
 def test_vit_kernels_per_layer(capsys):
     bench = _load()
     (entry,) = [m for m in bench.models(["vit"], "real") if m["name"] == "vit"]
@@ -29,7 +41,7 @@ def test_vit_kernels_per_layer(capsys):
         counts = list(per["layers"].values())
         assert len(counts) == 2 and counts[0] == counts[1] > 0, (which, per["names"])
         assert per["outside"] + sum(counts) == fig["kernels"], (which, per["names"])
-    assert row["after"]["kernels"] <= row["before"]["kernels"] and row["ort_nodes"] > 0
+    assert row["after"]["kernels"] < row["before"]["kernels"] and row["ort_nodes"] > 0   # attention fuses
     assert bench._priced_cell(row["after"]) == "same"          # priced as emitted
     bench.print_models([row])
     out = capsys.readouterr().out
