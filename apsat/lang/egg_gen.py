@@ -40,6 +40,7 @@ CLASSIFICATION_HEAD = """\
 (relation unary-map (ComputeOp))            ; a unary element-wise map (item -> item, per value)
 (relation elementwise-op (ComputeOp))       ; unary maps, n-ary operators, chains of them
 (relation activation (ComputeOp))           ; a fused matmul atom may apply it (ops.ACTIVATIONS)
+(relation associative (ComputeOp))          ; (a op b) op c = a op (b op c) (ComputeSpec.associative)
 """
 
 
@@ -77,6 +78,8 @@ def facts(spec) -> list[str]:
         out.append("(unary-map o)")
     if spec.activation:
         out.append("(activation o)")
+    if spec.associative:
+        out.append("(associative o)")
     return out
 
 

@@ -97,6 +97,9 @@ class ComputeSpec:
     commutative its two operands may be swapped (binary n-ary kinds, checked on the
                 formula): a rule pattern over it matches both operand orders
                 (apsat/rules/commute.py)
+    associative (a op b) op c == a op (b op c) (commutative operators only, checked on the
+                formula): the regroup rules move a scalar constant out of a chain of it
+                (apsat/rules/regroup.egg), so a rule matches every grouping of one
     local       each output element depends on the same position of the operand only, or
                 on a bounded neighbourhood of it (a kernel may compute it inline);
                 maps, n-ary operators and chains are
@@ -123,6 +126,7 @@ class ComputeSpec:
     axis_needed: str = ""
     activation: bool = False
     commutative: bool = False
+    associative: bool = False
     local: bool | None = None
     first_axis: bool | None = None
     evaluate: Callable | None = None
@@ -143,6 +147,8 @@ class ComputeSpec:
         _require(not self.activation or self.kind == "map", self.name, "only unary maps are activations")
         _require(not self.commutative or (self.kind == "nary" and self.arity in (0, 2) and _symmetric(self.scalar)),
                  self.name, "is declared commutative, but its formula is not a symmetric binary one")
+        _require(not self.associative or (self.commutative and _associative(self.scalar)),
+                 self.name, "is declared associative, but it is not commutative or its formula does not regroup")
         figures = bool(self.flops_in) + bool(self.flops_out)
         _require(figures == (self.kind != "chain"), self.name,
                  "needs exactly one arithmetic figure (flops_in or flops_out)")
@@ -171,6 +177,18 @@ def _require(cond: bool, name: str, msg: str) -> None:
     """A registry entry that breaks the rules of its kind fails at import, naming itself."""
     if not cond:
         raise ValueError(f"op registry: {name}: {msg}")
+
+
+def _associative(f) -> bool:
+    """Whether binary formula f gives f(f(a, b), c) == f(a, f(b, c)) on every triple of
+    small integers (exact in float32, so rounding does not hide a wrong claim), signed
+    zeros, infinities and NaN, compared bit for bit (NaN with NaN)."""
+    values = np.array([0.0, -0.0, 1.0, -1.0, 2.0, -3.0, np.inf, -np.inf, np.nan], np.float32)
+    a, b, c = (g.ravel() for g in np.meshgrid(values, values, values, indexing="ij"))
+    with np.errstate(all="ignore"):
+        left = fm.interpret(f, (fm.interpret(f, (a, b), (), NUMPY), c), (), NUMPY)
+        right = fm.interpret(f, (a, fm.interpret(f, (b, c), (), NUMPY)), (), NUMPY)
+    return bool(np.array_equal(left, right, equal_nan=True))
 
 
 def _symmetric(f) -> bool:

@@ -84,13 +84,14 @@ def lit(value, rank=2, target="5 4"):
 
 
 def gelu_tanh_text(x, c=0.044714998453855515, swap=False):
-    """GPT-2's tanh GELU as the importer writes it (each constant second):
-    x * 0.5 * (1 + tanh((x + x^3 * c) * sqrt(2/pi))); `swap`: the top product's operands
-    (neither a constant) the other way round."""
+    """The tanh GELU with its constant outermost, as the regroup rules leave GPT-2's
+    (x * 0.5) * (1 + ..) (tests/rules/test_sugar.py checks that grouping end to end), each
+    constant second as the importer writes it: (x * (1 + tanh((x + x^3 * c) * sqrt(2/pi))))
+    * 0.5; `swap`: the inner product's operands (neither a constant) the other way round."""
     cube = mul(f"(compute elementwise-pow (access-pair {x} {lit(3.0)}))", lit(c))
     inner = f"(compute tanh {mul(add(x, cube), lit(0.7978845834732056))})"
-    half, rest = mul(x, lit(0.5)), add(inner, lit(1.0))
-    return mul(rest, half) if swap else mul(half, rest)
+    rest = add(inner, lit(1.0))
+    return mul(mul(rest, x) if swap else mul(x, rest), lit(0.5))
 
 
 def gelu_text(x, sqrt2=1.4142135381698608):

@@ -27,7 +27,7 @@ MINE = """\
 
 def test_the_built_in_plans_come_from_the_rule_files():
     gpu = {p.name: p.rulesets for p in default_plan("gpu")}
-    assert set(gpu["fusion"]) == {"fusion", "attention-fusion", "norm-fusion"}
+    assert set(gpu["fusion"]) == {"fusion", "attention-fusion", "norm-fusion", "regroup"}
     assert gpu["relayout"] == ("layout-join",) and gpu["merge"] == ("merge",)
     systolic = {p.name: p.rulesets for p in default_plan("systolic")}
     assert systolic["im2col"] == ("im2col",) and "algebra" not in systolic
