@@ -202,7 +202,7 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
     before = _timed("price before", tell, seconds, price_of, backend, m.program, tgt, m.weights,
                     lowering or {}, extracted, planned) if planned else None
     report = _report(m, target, rules, program, eg, loaded, saturation, seconds)
-    report["why"] = _timed("why", tell, seconds, _why, eg, m, program)
+    report["why"] = _timed("why", tell, seconds, _why, eg, m, program, candidates)
     into_extraction(report["extraction"], planned, before)
     report.update({"limits": limits}, **({"rule_check": rule_check} if rule_check else {}))
     report[backend.name] = lowered.report
@@ -219,9 +219,10 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
     return OptimizeResult(program, m, report, lowered, backend, outputs, general)
 
 
-def _why(eg, m, program) -> dict:
+def _why(eg, m, program, candidates) -> dict:
     """The why-trace of the chosen program (apsat.pipeline.trace); the e-graph's copy that
-    extraction left on the program is let go here."""
+    extraction left on each candidate is let go here, inside the timed phase (freeing it
+    on return would be seconds no phase owns)."""
     from apsat.pipeline.trace import why_trace
     from apsat.rules.library import RuleLibrary
 
@@ -229,7 +230,8 @@ def _why(eg, m, program) -> dict:
     try:
         return why_trace(eg, m.program, program, library)
     finally:
-        program.graph = None
+        for _, candidate in candidates:
+            candidate.graph = None
 
 
 def _timed(phase: str, tell, seconds: dict, fn, *args):
