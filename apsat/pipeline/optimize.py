@@ -191,7 +191,7 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
 
     shapes, representatives = input_shapes
     m, eg, handles, loaded = _load(model, target, tell, seconds, shapes or given_shapes(inputs, model),
-                                   representatives, seed if verify and inputs is None else None)
+                                   representatives, seed if verify and inputs is None else None, not rules)
     given = _given_inputs(inputs, m)
     saturation = _saturate(eg, m, rules, regions, tell, seconds, **limits)
     rule_check = _check_rules(eg, m, check_rules, given, seed, tell, seconds) if rules else None
@@ -222,11 +222,13 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
 
 def _why(held: list, m, program, candidates) -> dict:
     """The why-trace of the chosen program (apsat.pipeline.trace). The e-graph (`held`, its
-    only reference) and the copy extraction left on each candidate are let go here, inside
-    the timed phase: freed on return they were seconds no phase owned (0.03 s of a small
-    model's 1.7 s, measured)."""
+    only reference: released to the pool, or dropped) and the copy extraction left on each
+    candidate are let go here, inside the timed phase: freed on return they were seconds
+    no phase owned (0.03 s of a small model's 1.7 s, measured)."""
     from apsat.pipeline.trace import why_trace
     from apsat.rules.library import RuleLibrary
+
+    from apsat.pipeline.egraph_pool import release
 
     eg = held.pop()
     library = getattr(eg, "library", None) or RuleLibrary()
@@ -235,6 +237,7 @@ def _why(held: list, m, program, candidates) -> dict:
     finally:
         for _, candidate in candidates:
             candidate.graph = None
+        release(eg)        # a pooled e-graph pops back to its loaded state; any other goes
 
 
 def _timed(phase: str, tell, seconds: dict, fn, *args):
@@ -257,8 +260,10 @@ def _given_inputs(inputs, m) -> dict | None:
     return check_inputs(dict(inputs), m, "inputs")
 
 
-def _load(model, target, tell, seconds, input_shapes=None, representatives=None, probe_seed=None):
-    """Import the model and load it into a fresh e-graph; returns (model, e-graph, output
+def _load(model, target, tell, seconds, input_shapes=None, representatives=None, probe_seed=None,
+          pooled=False):
+    """Import the model and load it into an e-graph, fresh or (`pooled`: the default plan
+    runs) a loaded one from apsat.pipeline.egraph_pool; returns (model, e-graph, output
     handles, (nodes, classes, cost of the imported program)). With `probe_seed`, a model
     with symbolic dims is built at sizes onnxruntime runs the original at (dynamic.runnable)."""
     # "import" starts before these imports (egglog's bindings, the frontend: ~0.2 s in a
@@ -277,7 +282,12 @@ def _load(model, target, tell, seconds, input_shapes=None, representatives=None,
     seconds["import"] = time.perf_counter() - t
     tell("e-graph")
     t = time.perf_counter()
-    eg = EGraph(target=target)
+    if pooled:
+        from apsat.pipeline.egraph_pool import acquire
+
+        eg = acquire(target)
+    else:
+        eg = EGraph(target=target)
     handles = eg.add_outputs(m.program)
     nodes, classes = eg.size()
     # Before any rule runs every e-class holds one node, so this "extraction" is the
