@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 
 from apsat.egraph.driver import EGraph
-from apsat.rules.library import RuleLibrary, builtin_rule_files
+from apsat.rules.library import RuleLibrary, builtin_stamp
 from apsat.rules.saturate import default_plan
 from apsat.targets import parse_target
 
@@ -28,16 +28,11 @@ _IDLE: dict[tuple, list[EGraph]] = {}
 _LOCK = threading.Lock()
 
 
-def _rules_stamp() -> tuple:
-    """The built-in rule files as (path, size, mtime_ns): what a loaded e-graph was read from."""
-    return tuple((str(p), s.st_size, s.st_mtime_ns) for p in builtin_rule_files() for s in [p.stat()])
-
-
 def acquire(target) -> EGraph:
     """A loaded e-graph for `target` (module doc), pushed; `eg.library` is its library.
     Give it back with release() once the run is done with it."""
     tgt = parse_target(target)
-    stamp = _rules_stamp()
+    stamp = builtin_stamp()
     key = (repr(tgt), stamp)
     with _LOCK:
         for stale in [k for k in _IDLE if k[1] != stamp]:     # loaded from rule files since edited

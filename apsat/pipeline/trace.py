@@ -40,7 +40,7 @@ def why_trace(eg, imported, chosen, library) -> dict:
     atoms.sort(key=lambda n: _order(graph, n))
     if not atoms:
         return {"atoms": [], "left_out": 0}
-    trace = _Trace(graph, original, _index(library))
+    trace = _Trace(graph, original, RuleIndex(library))
     entries = []
     for nid in atoms[:MAX_ATOMS]:
         tree = trace.tree(nid, 0, frozenset())
@@ -54,19 +54,11 @@ def built_by(eg, terms, graph, nids, library) -> dict[str, str | None]:
     name of the first rule that explains it (apsat.rules.provenance), else None; for the
     nodes `nids` of `graph`, the serialised e-graph of `eg`."""
     original = _original_nodes(eg, terms, graph)
-    index, parents = _index(library), graph.parents()
+    index, parents = RuleIndex(library), graph.parents()
     out = {}
     for nid in nids:
         out[nid] = "import" if nid in original else next((r for r, _ in index.builders(graph, nid, parents)), None)
     return out
-
-
-def _index(library) -> RuleIndex:
-    """The library's RuleIndex, read once per library (every rule's text parsed)."""
-    index = library.__dict__.get("_provenance")
-    if index is None:
-        index = library.__dict__["_provenance"] = RuleIndex(library)
-    return index
 
 
 def _order(graph, nid: str):

@@ -21,6 +21,12 @@ def builtin_rule_files() -> list[Path]:
     return sorted(BUILTIN_DIR.glob("*.egg"))
 
 
+def builtin_stamp() -> tuple:
+    """The built-in rule files as (path, size, mtime_ns): what a library or a loaded
+    e-graph was read from, to tell when a file has been edited since."""
+    return tuple((str(p), s.st_size, s.st_mtime_ns) for p in builtin_rule_files() for s in [p.stat()])
+
+
 def is_path_like(text: str) -> bool:
     """Whether a `--rules` / `rules=` entry names a file or directory rather than a ruleset:
     it starts with `./`, `../`, `/` or `~`, holds a path separator, or ends in `.egg`."""

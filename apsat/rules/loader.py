@@ -87,7 +87,8 @@ def language_signatures() -> dict[str, int | None]:
     return sig
 
 
-def _is_var(atom: Atom) -> bool:
+def is_variable(atom: Atom) -> bool:
+    """A pattern variable: an identifier that is not a keyword or a bool."""
     t = atom.text
     return bool(_IDENT.fullmatch(t)) and t not in ("true", "false") and not t.startswith(":")
 
@@ -110,10 +111,10 @@ def positional(items: list) -> list:
     return out
 
 
-def _bound(node) -> set[str]:
+def bound_variables(node) -> set[str]:
     """Variables a pattern binds: identifiers that are not in head position."""
     heads = {id(f.items[0]) for f in calls(node) if f.items}
-    return {a.text for a in atoms(node) if id(a) not in heads and _is_var(a)}
+    return {a.text for a in atoms(node) if id(a) not in heads and is_variable(a)}
 
 
 class _Checker:
@@ -164,12 +165,12 @@ class _Checker:
         when = _keyword(form.items, ":when")
         self.check_calls(lhs, "the left side")
         self.check_calls(rhs, "the right side")
-        bound = _bound(lhs) | (_bound(when) if when is not None else set())
+        bound = bound_variables(lhs) | (bound_variables(when) if when is not None else set())
         if when is not None:
             self.check_calls(when, ":when")
         self.unbound(rhs, bound, "right side")
         if form.head == "birewrite":
-            self.unbound(lhs, _bound(rhs) | (_bound(when) if when is not None else set()), "left side")
+            self.unbound(lhs, bound_variables(rhs) | (bound_variables(when) if when is not None else set()), "left side")
 
     def rule(self, form: Form) -> None:
         pos = positional(form.items[1:])
@@ -178,7 +179,7 @@ class _Checker:
         query, actions = pos
         self.check_calls(query, "the query")
         self.check_calls(actions, "the actions")
-        bound = _bound(query)
+        bound = bound_variables(query)
         for action in actions.items:
             if isinstance(action, Form) and action.head == "let" and len(action.items) == 3:
                 self.unbound(action.items[2], bound, "action")
@@ -189,7 +190,7 @@ class _Checker:
     def unbound(self, node, bound: set[str], where: str) -> None:
         heads = {id(f.items[0]) for f in calls(node) if isinstance(f, Form) and f.items}
         for a in atoms(node):
-            if id(a) not in heads and _is_var(a) and a.text not in bound:
+            if id(a) not in heads and is_variable(a) and a.text not in bound:
                 self.fail(a.line, f"variable '{a.text}' on the {where} is not bound by the left side")
 
 

@@ -16,17 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from apsat.egraph.serialize import SORT_OF
-from apsat.rules.loader import Rule, positional
+from apsat.rules.commute import to_text
+from apsat.rules.loader import Rule, bound_variables, is_variable, positional
 from apsat.rules.sexpr import Atom, Form, atoms, read_forms
 
 ROOT = "apsat-why-root"          # the class a rewrite's left side matches
 _NODE_VAR = "apsat-why-{}"       # the class of pattern node k, when the pattern names none
-
-
-def is_variable(atom: Atom) -> bool:
-    """A pattern variable: an identifier that is not a number, string, keyword or bool."""
-    t = atom.text
-    return bool(t) and (t[0].isalpha() or t[0] in "_?") and t not in ("true", "false")
 
 
 @dataclass
@@ -90,7 +85,7 @@ class Query:
         then every condition whose variables the part binds."""
         text = [self.fact(k) for k in sorted(part)]
         bound = self.bound(part)
-        text += [_text(c) for c in self.conditions if _variables(c) <= bound]
+        text += [to_text(c) for c in self.conditions if bound_variables(c) <= bound]
         return " ".join(text)
 
     def fact(self, k: int) -> str:
@@ -98,7 +93,7 @@ class Query:
         node = self.nodes[k]
         args = [self.nodes[c].var for c in node.children]
         it = iter(args)
-        items = [next(it) if _is_node(item) else _text(item) for item in node.form.items[1:]]
+        items = [next(it) if _is_node(item) else to_text(item) for item in node.form.items[1:]]
         return f"(= {node.var} ({' '.join([node.head] + items)}))"
 
     def conditions_new_at(self, k: int) -> list[str]:
@@ -106,7 +101,7 @@ class Query:
         parent = self.nodes[k].parent
         before = self.bound(self.path(parent)) if parent is not None else set()
         now = self.bound(self.path(k))
-        return [_text(c) for c in self.conditions if _variables(c) <= now and not _variables(c) <= before]
+        return [to_text(c) for c in self.conditions if bound_variables(c) <= now and not bound_variables(c) <= before]
 
     def site(self, k: int) -> str | None:
         """The variable of node k's class, or its nearest Expr ancestor's (a compute operator
@@ -117,7 +112,7 @@ class Query:
 
     def text_of(self, k: int) -> str:
         """Node k's sub-pattern as written."""
-        return _text(self.nodes[k].form)
+        return to_text(self.nodes[k].form)
 
     def shown(self, part: set[int], k: int | None = None) -> str:
         """The pattern with the nodes outside `part` written `_` (node k's own form kept, to
@@ -130,31 +125,15 @@ class Query:
         if i not in part and i != k:
             return "_"
         if i == k:
-            return _text(node.form)
+            return to_text(node.form)
         it = iter(node.children)
-        items = [self._shown(next(it), part, k) if _is_node(item) else _text(item) for item in node.form.items]
+        items = [self._shown(next(it), part, k) if _is_node(item) else to_text(item) for item in node.form.items]
         return "(" + " ".join(items) + ")"
 
 
 def _is_node(item) -> bool:
     """A constructor form of the language (a pattern node, not a function call)."""
     return isinstance(item, Form) and item.head in SORT_OF
-
-
-def _text(node) -> str:
-    return node.text if isinstance(node, Atom) else "(" + " ".join(_text(i) for i in node.items) + ")"
-
-
-def _variables(node) -> set[str]:
-    """The variables a fact reads (heads of calls excluded)."""
-    heads = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, Form) and n.items:
-            heads.add(id(n.items[0]))
-            stack.extend(n.items)
-    return {a.text for a in atoms(node) if id(a) not in heads and is_variable(a)}
 
 
 def rule_queries(rule: Rule) -> list[Query]:
@@ -166,7 +145,7 @@ def rule_queries(rule: Rule) -> list[Query]:
             continue
         name = _name(form) or rule.name
         patterns, conditions = split_facts(form)
-        query = Query(name, [], conditions, _text(form))
+        query = Query(name, [], conditions, to_text(form))
         for var, pattern in patterns:
             _add_nodes(query, pattern, None, var)
         if query.nodes:

@@ -21,8 +21,8 @@ from functools import lru_cache
 
 from apsat.egraph.bursts import base_name
 from apsat.egraph.serialize import EGG_TO_REGISTRY, SORT_OF
-from apsat.rules.loader import positional
-from apsat.rules.patterns import ROOT, is_variable, split_facts
+from apsat.rules.loader import is_variable, positional
+from apsat.rules.patterns import ROOT, split_facts
 from apsat.rules.sexpr import Atom, Form, read_forms
 
 USED = "\0used"          # the bindings' key for the nodes a match went through

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from apsat.rules.library import RuleLibrary
+from apsat.rules.library import RuleLibrary, builtin_stamp
 from apsat.rules.plans import DEFAULT_TIME_LIMIT, PLANS, Phase, joined
 
 __all__ = ["saturate", "default_plan", "Phase", "DEFAULT_TIME_LIMIT", "RULES_DEFAULTS"]
@@ -32,14 +32,16 @@ def default_plan(target, library: RuleLibrary | None = None) -> tuple[Phase, ...
     return tuple(joined(phase, phase_of) for phase in PLANS[kind])
 
 
-_BUILTIN: list = []
+_BUILTIN: dict = {}
 
 
 def _builtin_library() -> RuleLibrary:
-    """The built-in rules, read once per process."""
-    if not _BUILTIN:
-        _BUILTIN.append(RuleLibrary())
-    return _BUILTIN[0]
+    """The built-in rules, read once per process and again when a file is edited."""
+    stamp = builtin_stamp()
+    if stamp not in _BUILTIN:
+        _BUILTIN.clear()
+        _BUILTIN[stamp] = RuleLibrary()
+    return _BUILTIN[stamp]
 
 
 def saturate(eg, rules=None, library: RuleLibrary | None = None, iter_limit: int | None = None,

@@ -64,6 +64,6 @@ def test_an_egraph_handed_out_twice_at_once_is_two_and_a_failed_run_keeps_none(e
 def test_edited_rule_files_are_read_again(empty_pool, monkeypatch):
     before = egraph_pool.acquire("gpu")
     egraph_pool.release(before)
-    monkeypatch.setattr(egraph_pool, "_rules_stamp", lambda: (("edited", 1, 1),))
+    monkeypatch.setattr(egraph_pool, "builtin_stamp", lambda: (("edited", 1, 1),))
     after = egraph_pool.acquire("gpu")
     assert after is not before and all(k[1] == (("edited", 1, 1),) for k in empty_pool)
