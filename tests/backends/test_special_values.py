@@ -220,18 +220,30 @@ def test_every_element_wise_operator_has_a_special_value_case():
     assert ACTIVATIONS <= set(UNARY)
 
 
+class _Once(dict):
+    """A dict whose missing entries `make(self, key)` makes when first read; then kept."""
+
+    def __init__(self, make, **given):
+        super().__init__(given)
+        self.make = make
+
+    def __missing__(self, key):
+        value = self[key] = self.make(self, key)
+        return value
+
+
+MAKE = {"model": lambda r: apsat.load_onnx(r["proto"]), "want": lambda r: ort_run(r["proto"], r["inputs"]),
+        "gpu": lambda r: apsat.optimize(r["model"], target="gpu", verify=False),
+        "systolic": lambda r: apsat.optimize(r["model"], target="systolic:32x32", verify=False)}
+
+
 @pytest.fixture(scope="module")
 def results():
     """Per group: the imported model, onnxruntime's outputs, and the gpu and systolic
-    optimisations (each computed once for the module's tests)."""
-    out = {}
-    for name, (proto, inputs) in GROUPS.items():
-        model = apsat.load_onnx(proto)
-        out[name] = {"proto": proto, "inputs": inputs, "model": model,
-                     "want": ort_run(proto, inputs),
-                     "gpu": apsat.optimize(model, target="gpu", verify=False),
-                     "systolic": apsat.optimize(model, target="systolic:32x32", verify=False)}
-    return out
+    optimisations, each computed once for the module's tests when one first reads it: a
+    worker given only some of them (pytest-xdist splits a module) computes what those read,
+    not every group's (the fused model's gpu optimisation alone is 13 s). Tests only read."""
+    return _Once(lambda _, name: _Once(lambda r, key: MAKE[key](r), proto=GROUPS[name][0], inputs=GROUPS[name][1]))
 
 
 def _compute_operators(program) -> set:

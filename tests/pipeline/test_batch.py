@@ -5,27 +5,20 @@ from __future__ import annotations
 import json
 import os
 
-import onnx
 import pytest
 
 from apsat.pipeline.batch import Task, run_local, run_task
 from apsat.pipeline.store import ResultStore, content_key
-from apsat.pipeline.zoo import light_model_paths, randomize_weights
+from apsat.pipeline.zoo import light_model_paths
 
 ALEXNET = next(p for p in light_model_paths() if "alexnet" in p.name)
 
 
 @pytest.fixture(scope="module")
-def small_models(tmp_path_factory):
-    """Two small models with random weights (alexnet and zfnet), as files."""
-    root = tmp_path_factory.mktemp("models")
-    paths = []
-    for p in light_model_paths():
-        if "alexnet" in p.name or "zfnet" in p.name:
-            dst = root / p.name.replace("light_", "")
-            onnx.save(randomize_weights(onnx.load(str(p)), seed=0), str(dst))
-            paths.append(dst)
-    return paths
+def small_models(tmp_path_factory, light_alexnet_zfnet):
+    """Two small models with random weights (alexnet and zfnet, seed 0), as files (made
+    once a session: tests/conftest.py)."""
+    return light_alexnet_zfnet(tmp_path_factory.mktemp("models"))
 
 
 def _tasks(paths, out, **kw):

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import json
 
-import onnx
 import pytest
 
 from apsat.cli import main
-from apsat.pipeline.zoo import light_model_paths, randomize_weights
 
 
 @pytest.fixture(scope="module")
-def zoo_dir(tmp_path_factory):
-    """alexnet and zfnet with random weights, and a malformed file."""
+def zoo_dir(tmp_path_factory, light_alexnet_zfnet):
+    """alexnet and zfnet with random weights (seed 0, made once a session: tests/conftest.py),
+    and a malformed file."""
     root = tmp_path_factory.mktemp("zoo")
-    for p in light_model_paths():
-        if "alexnet" in p.name or "zfnet" in p.name:
-            onnx.save(randomize_weights(onnx.load(str(p)), seed=0), str(root / p.name.replace("light_", "")))
+    light_alexnet_zfnet(root)
     (root / "broken.onnx").write_bytes(b"\x08\x07 truncated")
     return root
 

@@ -18,7 +18,8 @@ from apsat.lang.ops import ACTIVATIONS, EGG_NAMES, OPS, UNARY_MAPS
 from apsat.lang.syntax import parse_term
 from apsat.lang.term import postorder
 from apsat.rules.library import RuleLibrary
-from apsat.pipeline.verify import verify_program
+from apsat.pipeline.verify import run_oracle, verify_program
+from fresh import fresh_egraph
 from harness import check_reaches, check_refuses, check_sound, fired, run_rule
 from test_syntax import operator_head
 
@@ -320,13 +321,14 @@ def test_fused_atom_over_a_non_activation_is_ill_shaped_in_egglog_too(op):
     with pytest.raises(ShapeError, match="is not an activation"):
         apsat.parse(bad, SHAPES)
     why = r"ill-shaped node .*: fused-dot-bias-act: the unary map is not an activation"
-    eg = EGraph()
+    # fresh e-graphs (tests/fresh.py): the language loaded once, not three times a case
+    eg = fresh_egraph()
     eg.add(apsat.parse(f"(compute {head(op)} {FDB})", SHAPES))
     eg.load_text(f"(ruleset wrong-fusion)\n(rewrite (compute {egg_head(op)} (fused-dot-bias a b c)) "
                  f"(fused-dot-bias-act {egg_head(op)} a b c) :ruleset wrong-fusion)")
     with pytest.raises(ShapeError, match=why):
         eg.run(["wrong-fusion"])
-    eg = EGraph()
+    eg = fresh_egraph()
     eg.add(apsat.parse(FDB, SHAPES))
     with pytest.raises(ShapeError, match=why):
         eg.load_text(f"(let $bad {egg_term(parse_term(bad))})")
@@ -336,7 +338,7 @@ def test_fused_atoms_over_activations_are_well_shaped_in_egglog():
     """The control: the same rewrite for each activation raises nothing, and the atom gets
     the shape Python gives it."""
     for op in sorted(ACTIVATIONS):
-        eg = EGraph()
+        eg = fresh_egraph()
         root = eg.add(apsat.parse(f"(compute {head(op)} {FDB})", SHAPES))
         eg.load_text(f"(ruleset act)\n(rewrite (compute {egg_head(op)} (fused-dot-bias a b c)) "
                      f"(fused-dot-bias-act {egg_head(op)} a b c) :ruleset act)")
@@ -427,6 +429,15 @@ def resnet():
     return m, best, report, eg, handles
 
 
+@pytest.fixture(scope="module")
+def resnet_oracle(resnet):
+    """onnxruntime's float32 and float64 runs of the model on the seeded inputs, which three
+    verifications below judge their programs against (0.5 s each time)."""
+    m = resnet[0]
+    inputs = zoo.random_inputs(m, 0)
+    return inputs, run_oracle(m.onnx, inputs)
+
+
 def _resnet_counts(m, best):
     # 53 convolutions: 33 Conv->BN->Relu, 16 Conv->BN->(residual Sum), 4 projection
     # shortcuts Conv->BN; plus the final Gemm with its bias.
@@ -452,14 +463,15 @@ def test_resnet50_conv_bn_relu_become_fused_kernels(resnet):
 
 
 @pytest.mark.parametrize("method", ["greedy-dag", "tree"])
-def test_resnet50_gpu_cost_model_prefers_fused_atoms_and_chains(resnet, method):
+def test_resnet50_gpu_cost_model_prefers_fused_atoms_and_chains(resnet, resnet_oracle, method):
     """With chains in the e-graph, the gpu roofline still picks conv + bias + relu atoms
     (a chain over a separate convolution kernel costs a launch and a round trip more), and
     picks the chain for each residual add + relu."""
     m, _, _, eg, handles = resnet
     best = apsat.extract(eg, handles, method=method, cost="gpu")
     _resnet_counts(m, best)
-    assert verify_program(m, best, zoo.random_inputs(m, 0)).ok
+    inputs, oracle = resnet_oracle
+    assert verify_program(m, best, inputs, oracle=oracle).ok
 
 
 def test_resnet50_batchnorm_arithmetic_only_on_weights(resnet):
@@ -473,9 +485,10 @@ def test_resnet50_batchnorm_arithmetic_only_on_weights(resnet):
     assert sum(1 for t in best.terms() if t.op == "compute" and t.args[0].op == "elementwise-mul") > 0
 
 
-def test_resnet50_fused_program_verifies_against_onnxruntime(resnet):
+def test_resnet50_fused_program_verifies_against_onnxruntime(resnet, resnet_oracle):
     m, best, _, _, _ = resnet
-    v = verify_program(m, best, zoo.random_inputs(m, 0))
+    inputs, oracle = resnet_oracle
+    v = verify_program(m, best, inputs, oracle=oracle)
     assert v.ok, v
 
 

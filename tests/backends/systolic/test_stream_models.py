@@ -29,6 +29,49 @@ def load(name: str, seed: int = 1):
     return apsat.load_onnx(logits_output(randomize_weights(onnx.load(str(LIGHT[name])), seed=seed)))
 
 
+def resnet50_first_block():
+    """conv1 + BatchNorm + ReLU + max pool and the first bottleneck block of light ResNet-50."""
+    proto = onnx.shape_inference.infer_shapes(randomize_weights(onnx.load(str(LIGHT["resnet50"])), seed=1))
+    sub = onnx.utils.Extractor(proto).extract_model(["gpu_0/data_0"], ["r15"])
+    sub.ir_version = 8     # IR >= 4: initializers need not be graph inputs (the extract drops them)
+    return apsat.load_onnx(sub)
+
+
+class Shared:
+    """What several tests here would each compute again, computed once per module (and
+    worker): a loaded model (alexnet's random weights alone take a second), its fused
+    program for a target (squeezenet's is read by both of its parametrizations, the
+    ResNet-50 block's flex program by two), and onnxruntime's outputs on the seeded inputs.
+    Nothing handed out is changed by a test: the models' weights are read-only arrays (the
+    tests copy the dict before adding inputs), programs are immutable terms, and each
+    reference is a new dict."""
+
+    def __init__(self):
+        self.memo = {}
+
+    def _once(self, key, make):
+        if key not in self.memo:
+            self.memo[key] = make()
+        return self.memo[key]
+
+    def model(self, name: str):
+        return self._once(("model", name), lambda: resnet50_first_block() if name == "resnet50-block" else load(name))
+
+    def program(self, name: str, target="systolic:32x32"):
+        return self._once(("program", name, target), lambda: fused_program(self.model(name), target))
+
+    def reference(self, name: str, seed: int = 3) -> dict:
+        model = self.model(name)
+        return dict(self._once(("reference", name, seed), lambda: ort_run(model.onnx, random_inputs(model, seed))))
+
+
+@pytest.fixture(scope="module")
+def common():
+    memo = Shared()
+    yield memo
+    memo.memo.clear()          # the models' weights are not kept for the rest of the session
+
+
 def fused_program(model, target="systolic:32x32"):
     """The extracted program with fusion before im2col/systolic (bias and activation in
     fused-dot-bias-act atoms, BatchNorm folded into weights)."""
@@ -38,10 +81,11 @@ def fused_program(model, target="systolic:32x32"):
     return apsat.extract(eg, handles)
 
 
-def check_against_onnxruntime(model, stream, seed=3):
+def check_against_onnxruntime(model, stream, seed=3, want=None):
+    """`want`: onnxruntime's outputs on these inputs where already computed (Shared.reference)."""
     inputs = random_inputs(model, seed)
     got = sab.simulate(stream, {**model.weights, **inputs})
-    want = ort_run(model.onnx, inputs)
+    want = ort_run(model.onnx, inputs) if want is None else want
     v = compare({k: want[k] for k in got}, got)
     assert v.ok, v.to_dict()
     return v
@@ -67,12 +111,12 @@ def test_squeezenet_through_optimize_writes_stream_cycles_and_simulation(tmp_pat
 
 
 @pytest.mark.parametrize("opts", [{}, {"im2col": "gather", "fold_copies": True}], ids=["model", "gather-fold"])
-def test_squeezenet_fused_matches_onnxruntime(opts):
-    model = load("squeezenet")
-    prog = fused_program(model)
+def test_squeezenet_fused_matches_onnxruntime(opts, common):
+    model = common.model("squeezenet")
+    prog = common.program("squeezenet")
     assert prog.op_counts().get("fused-dot-bias-act", 0) == 26
     stream = sab.compile(prog, "systolic:32x32", weights=model.weights, **opts)
-    check_against_onnxruntime(model, stream)
+    check_against_onnxruntime(model, stream, want=common.reference("squeezenet"))
     rep = sab.cycles(stream)
     # the convolutions read NHWC data: their weights are permuted once, in init (or read
     # through a transposed address pattern when copies are folded)
@@ -85,11 +129,11 @@ def test_squeezenet_fused_matches_onnxruntime(opts):
     assert len(copies) == (0 if opts.get("fold_copies") else 16)
 
 
-def test_alexnet_matches_onnxruntime_with_its_grouped_convolutions_on_the_array():
-    model = load("bvlc_alexnet")
-    prog = fused_program(model)
+def test_alexnet_matches_onnxruntime_with_its_grouped_convolutions_on_the_array(common):
+    model = common.model("bvlc_alexnet")
+    prog = common.program("bvlc_alexnet")
     stream = sab.compile(prog, "systolic:32x32", weights=model.weights)
-    check_against_onnxruntime(model, stream)
+    check_against_onnxruntime(model, stream, want=common.reference("bvlc_alexnet"))
     rep = sab.cycles(stream)
     # the three 2-group convolutions run as two GEMMs each; nothing is left to the host
     grouped = [g for g in rep["groups"] if g["kind"] == "grouped"]
@@ -99,15 +143,15 @@ def test_alexnet_matches_onnxruntime_with_its_grouped_convolutions_on_the_array(
     assert any(isinstance(i, sab.Vec) and i.mode == "axis0" for i in stream.main)
 
 
-def test_alexnet_on_a_flexible_array_shares_its_fully_connected_layers_with_the_vector_unit():
+def test_alexnet_on_a_flexible_array_shares_its_fully_connected_layers_with_the_vector_unit(common):
     import dataclasses
 
     from apsat.targets.accelerator import PRESETS
 
     flex = dataclasses.replace(PRESETS["32x32"], dataflow="flex")
-    model = load("bvlc_alexnet")
-    stream = sab.compile(fused_program(model, flex), flex, weights=model.weights)
-    check_against_onnxruntime(model, stream)
+    model = common.model("bvlc_alexnet")
+    stream = sab.compile(common.program("bvlc_alexnet", flex), flex, weights=model.weights)
+    check_against_onnxruntime(model, stream, want=common.reference("bvlc_alexnet"))
     # fc6, fc7 and fc8 at batch 1: about a quarter of each one's columns on the vector unit
     shared = [g for g in sab.cycles(stream)["groups"] if g.get("vector_cols")]
     assert [(g["k"], g["n"], g["vector_cols"]) for g in shared] == [(9216, 4096, 1024), (4096, 4096, 1024),
@@ -135,21 +179,18 @@ BEST = {"im2col": "gather", "fold_copies": True, "fuse_zips": True}
 
 @pytest.mark.parametrize("df,opts", [("os", {}), ("ws", {}), ("is", {}), ("flex", {}), ("flex", BEST)],
                          ids=["os", "ws", "is", "flex", "flex-gather-fold-zips"])
-def test_resnet50_first_bottleneck_block(df, opts):
+def test_resnet50_first_bottleneck_block(df, opts, common):
     """conv1 + BatchNorm + ReLU + max pool and the first bottleneck block (three convs, the
     projection shortcut, the residual Sum and ReLU) of light ResNet-50; on a flexible
     array too, and with every lowering option on (the residual add and ReLU in the last
     convolution's epilogue)."""
-    proto = onnx.shape_inference.infer_shapes(randomize_weights(onnx.load(str(LIGHT["resnet50"])), seed=1))
-    sub = onnx.utils.Extractor(proto).extract_model(["gpu_0/data_0"], ["r15"])
-    sub.ir_version = 8     # IR >= 4: initializers need not be graph inputs (the extract drops them)
-    model = apsat.load_onnx(sub)
+    model = common.model("resnet50-block")
     import dataclasses
 
     from apsat.targets.accelerator import PRESETS
 
     acc = dataclasses.replace(PRESETS["32x32"], dataflow=df)
-    prog = fused_program(model, acc)
+    prog = common.program("resnet50-block", acc)       # flex: one program for both option sets
     # five convolutions, each a fused atom; the ReLUs after conv1 and the first two branch
     # convolutions in their epilogues (on the flexible array conv1's may stay a vector
     # pass: with a two-op epilogue its product would take os, within FLEX_CYCLE_SLACK of
@@ -158,7 +199,7 @@ def test_resnet50_first_bottleneck_block(df, opts):
     assert counts.get("fused-dot-bias", 0) + counts.get("fused-dot-bias-act", 0) == 5
     assert counts.get("fused-dot-bias-act", 0) >= (2 if df == "flex" else 3)
     stream = sab.compile(prog, acc, weights=model.weights, **opts)
-    check_against_onnxruntime(model, stream)
+    check_against_onnxruntime(model, stream, want=common.reference("resnet50-block"))
     rep = sab.cycles(stream)
     # BatchNorm folded into the weights is weight-only work: done once, in init
     assert stream.init and rep["init_cycles"] > 0
