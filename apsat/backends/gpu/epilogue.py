@@ -13,6 +13,8 @@ from apsat.lang.term import Term
 _SAME_INDEX_VIEWS = frozenset({"access"})
 _BIJECTIVE_VIEWS = frozenset({"access-reshape", "access-flatten", "access-squeeze",
                               "access-insert-axis", "access-transpose"})
+# views through which a point-wise reader reads each element once
+ONE_READ_VIEWS = _SAME_INDEX_VIEWS | _BIJECTIVE_VIEWS | {"access-pair"}
 
 
 def epilogue_path(program, root: Term, is_candidate, uses, buffers) -> tuple | None:

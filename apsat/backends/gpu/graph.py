@@ -124,12 +124,17 @@ class KernelGraph:
     """Steps (Kernel | HostStep) in execution order, every buffer by name, the program's
     tensor names per input buffer, and output name -> buffer holding it. `weights`: the
     program's tensors known at load time (Program.weights); the steps that read only
-    those (and each other's results) are `prepare_steps`, run once, not per inference."""
+    those (and each other's results) are `prepare_steps`, run once, not per inference.
+    `stored`: the program's terms whose value the kernels write to memory (or read as an
+    input); every other term is computed inside the kernel that reads it. What else
+    writes the program (the ONNX export) puts two operations in one node only where
+    this plan put them in one kernel."""
 
     steps: list
     buffers: dict[str, Buffer]
     outputs: dict[str, str]
     weights: frozenset = frozenset()
+    stored: frozenset = frozenset()
 
     @property
     def prepare_steps(self) -> list:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from apsat.backends.gpu.epilogue import epilogue_path
+from apsat.backends.gpu.epilogue import ONE_READ_VIEWS, epilogue_path
 from apsat.backends.gpu.expr import value_nodes
 from apsat.backends.gpu.folds import NORMALISED, taps
 from apsat.backends.gpu.regions import REDUCTIONS, natural
@@ -34,9 +34,10 @@ from apsat.backends.gpu.views import (
     Unsupported,
     dims_of,
     is_elementwise,
+    leading,
     n_iter,
 )
-from apsat.lang.ops import ATOM_OPS, ELEMENTWISE_OPS
+from apsat.lang.ops import ATOM_OPS, ELEMENTWISE_OPS, NARY_OPS, UNARY_MAPS
 from apsat.lang.program import Program
 from apsat.lang.term import Term
 
@@ -85,6 +86,7 @@ class Inlining:
         self.outputs = set(program.outputs.values())
         self._weights_memo: dict[Term, bool] = {}
         self._probe: dict | None = None
+        self._kernel_terms: set | None = None      # rides_on_producer's candidates, made once
 
     def consumer(self, t: Term):
         """The first non-view consumer of t and the slot it reads t's data through, if
@@ -101,13 +103,39 @@ class Inlining:
     def inline_elementwise(self, t: Term) -> bool:
         """Element-wise t is computed inside its consumer: the consumer is element-wise,
         t is the bias of a fused matmul (read once per output element in the epilogue),
-        or an attention operand's prologue (ViT scales q and k before the product)."""
+        or an attention operand's prologue (ViT scales q and k before the product).
+        Epilogue first: where the element-wise consumer reads t's values more than once
+        (through a broadcast, a concatenation or a local operator such as LRN) and t can
+        ride on the epilogue of the kernel producing its operand, it does, and is
+        computed once (a grouped convolution's bias before a channel concatenation, a
+        squeeze-excitation's gate, AlexNet's bias and ReLU before its LRN)."""
         c = self.consumer(t)
         if c is None:
             return False
         p, slot = c
-        return (is_elementwise(p) or (p.op in ("fused-dot-bias", "fused-dot-bias-act") and slot == 2)
-                or p.op == "attention")
+        if is_elementwise(p):
+            return self.reads_once(t) or not self.rides_on_producer(t)
+        return (p.op in ("fused-dot-bias", "fused-dot-bias-act") and slot == 2) or p.op == "attention"
+
+    def reads_once(self, t: Term) -> bool:
+        """t's one consumer reads each of t's values once: it is point-wise and the views
+        between them keep one index per element."""
+        p = self.parents[t][0][0]
+        while is_view(p):
+            if p.op not in ONE_READ_VIEWS:
+                return False
+            p = self.parents[p][0][0]
+        return leading(p.args[0]) in UNARY_MAPS | NARY_OPS
+
+    def rides_on_producer(self, t: Term) -> bool:
+        """t's operand chain reaches a kernel of one use through point-wise steps and
+        bijective views (epilogue.epilogue_path): that kernel can compute t. A reduction
+        unrolled in its consumer is no kernel (a squeeze-excitation's small product)."""
+        if self._kernel_terms is None:
+            self._kernel_terms = {u for u in self.order if is_kernel_op(u) and not self.unrolled(u)}
+        kernels = self._kernel_terms
+        return epilogue_path(self.p, t, lambda q: q in kernels and self.uses.get(q) == 1 and q not in self.outputs,
+                             self.uses, kernels) is not None
 
     def kernels(self, roots: list) -> tuple[list, dict]:
         """The roots that stay kernels, in order, and the epilogue claims among them:

@@ -138,7 +138,7 @@ class _Lowering:
                 outputs[name] = self.term_buf[t][0]
             else:                      # a view (or an input itself): copy it out
                 outputs[name] = self._copy(t, f"copy of output {name}")
-        return KernelGraph(self.steps, self.buffers, outputs, frozenset(p.weights))
+        return KernelGraph(self.steps, self.buffers, outputs, frozenset(p.weights), frozenset(self.term_buf))
 
     # -- steps
     def _step(self, t: Term, producer, path):

@@ -2,7 +2,9 @@
 
 `export_onnx(program, model)` writes the program the extractor chose: weights-only work
 folded (fold.py), every other term walked into nodes (walk.py), tidied (tidy.py), then
-what the extractor left unfused fused (fuse.py) and tidied again.
+written in ONNX's fused forms where the gpu planner computes nodes in one kernel (fuse.py:
+the gpu backend's lowering of this very program says which terms it writes to memory;
+the export follows it and decides no fusion of its own) and tidied again.
 The graph keeps the original's input and output names and element types: integer inputs
 (token ids, masks) stay integers, cast to float where the program computes with them and
 fed raw to the embedding lookups that read them; opaque calls are the original nodes.
@@ -20,6 +22,7 @@ from apsat.backends.onnx.external import reading
 from apsat.backends.onnx.fuse import fuse
 from apsat.backends.onnx.fold import fold_weights, weight_only_terms
 from apsat.backends.onnx.graph import Builder, Val, dense, tensor_val
+from apsat.backends.onnx.peep import Planned
 from apsat.backends.onnx.tidy import tidy
 from apsat.backends.onnx.views import ExportError, as_val
 from apsat.backends.onnx.walk import Walk
@@ -60,7 +63,9 @@ def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(
     out = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(CONTRIB, 1)],
                             producer_name="apsat", ir_version=IR_VERSION)
     with reading(arrays or {}):
-        fuse(out)
+        # a graph output's producer comes to write the output's name (tidy renames it)
+        owner = {**walk.owner, **{name: t for name, t in program.outputs.items() if name not in walk.owner}}
+        fuse(out, Planned(owner, _stored(program)))
     tidy(out.graph)
     if CONTRIB not in _domains(out.graph):
         out.opset_import.pop()
@@ -69,6 +74,19 @@ def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(
     if arrays is None:
         check(out)
     return out
+
+
+def _stored(program) -> frozenset:
+    """The terms the gpu planner writes to memory (its kernel graph's `stored`): what
+    the export may not fuse into a reader. A program the gpu lowering cannot take (no
+    export of it succeeds either) leaves every term apart."""
+    from apsat.backends.gpu.lower import lower
+    from apsat.errors import ApsatError
+
+    try:
+        return lower(program).stored
+    except ApsatError:
+        return frozenset(program.terms())
 
 
 def check(model: onnx.ModelProto) -> None:

@@ -4,8 +4,10 @@ The extractor may leave a conv's bias, residual add or activation, a matrix prod
 bias or activation, or a pool's divisor as element-wise work of its own (a depthwise conv
 whose bias-add it did not fuse, a residual block's add and relu, an average pool written
 as a window sum over a count). Each pass folds one such reader into the node before it,
-only where that node's output has no other reader and the shapes say the fused node
-computes the same values:
+only where that node's output has no other reader, the shapes say the fused node
+computes the same values, and the gpu planner computes the two in one kernel (peep.Planned:
+the export writes the planner's kernels in ONNX's fused forms and decides no fusion of its
+own):
 
     Conv(x, w[, b]) + c          -> Conv(x, w, b + c)          # c constant per channel
     Conv(x, w, b) + z            -> FusedConv(x, w, b, z)      # z of the conv's shape
@@ -23,7 +25,7 @@ import onnx
 from onnx import helper
 
 from apsat.backends.onnx.fuse_seq import SEQUENCE_PASSES
-from apsat.backends.onnx.peep import (CONTRIB, absorb, attrs, const, contrib, followed, initializer, is_const,
+from apsat.backends.onnx.peep import (CONTRIB, Planned, absorb, attrs, const, contrib, followed, initializer, is_const,
                                       name_nodes, other, shapes as static_shapes, sole_reader)
 
 # activations FusedConv applies (its `activation` is the node's op type), with their
@@ -33,13 +35,14 @@ ACTIVATIONS = {"Relu": (), "Tanh": (), "Sigmoid": (), "LeakyRelu": (("alpha", 0.
 GEMM_ACTIVATIONS = ("Relu", "Tanh", "Sigmoid", "LeakyRelu")     # FusedGemm's: activation_alpha
 
 
-def fuse(model: onnx.ModelProto) -> None:
-    """Apply every pass, in place, until none applies."""
+def fuse(model: onnx.ModelProto, plan: Planned) -> None:
+    """Apply every pass, in place, until none applies; two nodes become one only where
+    `plan` puts them in one kernel."""
     shapes = static_shapes(model)   # a fused node has its last reader's shape: computed once
     g = model.graph
     name_nodes(g)
     passes = (_bias, _residual, _activation, _matmul_bias, _gemm_activation, _exclusive_average) + SEQUENCE_PASSES
-    while any(p(g, shapes) for p in passes):
+    while any(p(g, shapes, plan) for p in passes):
         pass
 
 
@@ -51,9 +54,9 @@ def _open_conv(node) -> bool:
 
 # ---- convs ------------------------------------------------------------------------------
 
-def _bias(g, shapes: dict) -> bool:
+def _bias(g, shapes: dict, plan: Planned) -> bool:
     """Conv(x, w[, b]) + c -> Conv(x, w, b + c), c constant per output channel."""
-    for conv, add in followed(g, _open_conv, lambda c, r: r.op_type == "Add" and len(c.input) <= 3):
+    for conv, add in followed(g, _open_conv, lambda c, r: r.op_type == "Add" and len(c.input) <= 3, plan):
         c = const(g, other(add, conv.output[0]) or "")
         out = shapes.get(conv.output[0])
         per_channel = None if c is None else _along(c, out, 1)
@@ -79,9 +82,9 @@ def _along(c: np.ndarray, out, axis: int) -> np.ndarray | None:
     return np.broadcast_to(c.reshape(-1), (out[axis],)).copy()
 
 
-def _residual(g, shapes: dict) -> bool:
+def _residual(g, shapes: dict, plan: Planned) -> bool:
     """Conv(x, w, b) + z -> FusedConv(x, w, b, z), z computed and of the conv's shape."""
-    for conv, add in followed(g, _open_conv, lambda c, r: r.op_type == "Add" and len(c.input) <= 3):
+    for conv, add in followed(g, _open_conv, lambda c, r: r.op_type == "Add" and len(c.input) <= 3, plan):
         z = other(add, conv.output[0])
         out = shapes.get(conv.output[0])
         if z is None or is_const(g, z) or out is None or shapes.get(z) != out \
@@ -94,9 +97,9 @@ def _residual(g, shapes: dict) -> bool:
     return False
 
 
-def _activation(g, shapes: dict) -> bool:
+def _activation(g, shapes: dict, plan: Planned) -> bool:
     """Conv(..) -> act -> FusedConv(.., activation=act, activation_params)."""
-    for conv, act in followed(g, _open_conv, lambda c, r: r.op_type in ACTIVATIONS and r.domain == ""):
+    for conv, act in followed(g, _open_conv, lambda c, r: r.op_type in ACTIVATIONS and r.domain == "", plan):
         params = _activation_params(g, act)
         if params is None:
             continue
@@ -128,11 +131,11 @@ def _activation_params(g, act) -> list | None:
 
 # ---- matrix products -----------------------------------------------------------------------
 
-def _matmul_bias(g, shapes: dict) -> bool:
+def _matmul_bias(g, shapes: dict, plan: Planned) -> bool:
     """MatMul(x, w) + c -> Gemm(x, w, c): x a matrix, w and c constant, c per column."""
     def matrix_product(n):
         return n.op_type == "MatMul" and len(shapes.get(n.input[0], ())) == 2 and is_const(g, n.input[1])
-    for mm, add in followed(g, matrix_product, lambda m, r: r.op_type == "Add"):
+    for mm, add in followed(g, matrix_product, lambda m, r: r.op_type == "Add", plan):
         c = const(g, other(add, mm.output[0]) or "")
         out = shapes.get(mm.output[0])
         column = None if c is None else _along(c, out, 1)
@@ -145,10 +148,10 @@ def _matmul_bias(g, shapes: dict) -> bool:
     return False
 
 
-def _gemm_activation(g, shapes: dict) -> bool:
+def _gemm_activation(g, shapes: dict, plan: Planned) -> bool:
     """Gemm(..) -> act -> FusedGemm(.., activation=act, activation_alpha)."""
     for gemm, act in followed(g, lambda n: n.op_type == "Gemm" and n.domain == "",
-                               lambda m, r: r.op_type in GEMM_ACTIVATIONS and r.domain == ""):
+                               lambda m, r: r.op_type in GEMM_ACTIVATIONS and r.domain == "", plan):
         contrib(gemm, "FusedGemm")
         gemm.attribute.extend([helper.make_attribute("activation", act.op_type)])
         for name, default in ACTIVATIONS[act.op_type]:
@@ -161,13 +164,15 @@ def _gemm_activation(g, shapes: dict) -> bool:
 
 # ---- pools ------------------------------------------------------------------------------
 
-def _exclusive_average(g, shapes: dict) -> bool:
+def _exclusive_average(g, shapes: dict, plan: Planned) -> bool:
     """AveragePool(x, count_include_pad=1) * k / n -> AveragePool(x, count_include_pad=0),
     k the window's size and n the count of unpadded elements under each window (or k)."""
     def average(n):
         return n.op_type == "AveragePool" and attrs(n).get("count_include_pad") == 1
-    for pool, mul in followed(g, average, lambda p, r: r.op_type == "Mul"):
+    for pool, mul in followed(g, average, lambda p, r: r.op_type == "Mul", plan):
         div = sole_reader(g, mul.output[0])
+        if div is None or not plan.together(mul, div):
+            continue
         given = attrs(pool)
         k = float(np.prod(given["kernel_shape"]))
         scale = const(g, other(mul, pool.output[0]) or "")

@@ -10,11 +10,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from apsat.backends.onnx.peep import (absorb, attrs, const, followed, initializer, ints, is_const, other, scalar,
+from apsat.backends.onnx.peep import (Planned, absorb, attrs, const, followed, initializer, ints, is_const, other, scalar,
                                       sole_reader)
 
 
-def _attention_scale(g, shapes: dict) -> bool:
+def _attention_scale(g, shapes: dict, plan: Planned) -> bool:
     """Attention(q * c, ..) -> Attention(q, .., scale * c) for a scalar c on q or k, also
     where Reshapes lie between the Mul and the Attention."""
     made = {n.output[0]: n for n in g.node}
@@ -24,7 +24,7 @@ def _attention_scale(g, shapes: dict) -> bool:
             while node is not None and node.op_type == "Reshape" and sole_reader(g, node.output[0]) is not None:
                 reader, pos, node = node, 0, made.get(node.input[0])
             c = _scaled(g, node)
-            if c is None or sole_reader(g, node.output[0]) is None:
+            if c is None or sole_reader(g, node.output[0]) is None or not plan.together(node, att):
                 continue
             reader.input[pos] = next(i for i in node.input if scalar(g, i) is None)
             scale = float(attrs(att).get("scale", 1.0)) * c
@@ -36,13 +36,13 @@ def _attention_scale(g, shapes: dict) -> bool:
     return False
 
 
-def _norm_affine(g, shapes: dict) -> bool:
+def _norm_affine(g, shapes: dict, plan: Planned) -> bool:
     """Norm(x, s) * c -> Norm(x, s * c); LayerNormalization(x, s) + d -> (x, s, d): c and
     d constants over the normalised axes only."""
     def norm(n):
         return n.op_type in ("LayerNormalization", "RMSNormalization") and n.domain == "" \
             and len(n.output) == 1 and is_const(g, n.input[1])
-    for node, reader in followed(g, norm, lambda n, r: r.op_type in ("Mul", "Add")):
+    for node, reader in followed(g, norm, lambda n, r: r.op_type in ("Mul", "Add"), plan):
         out = shapes.get(node.output[0])
         c = const(g, other(reader, node.output[0]) or "")
         if out is None or c is None or shapes.get(reader.output[0]) != out:
@@ -88,7 +88,7 @@ def _scaled(g, node) -> float | None:
     return next(c for c in cs if c is not None)
 
 
-def _split(g, shapes: dict) -> bool:
+def _split(g, shapes: dict, plan: Planned) -> bool:
     """Slices of one value along one axis that tile it exactly -> one Split, in the first
     slice's place; every such group in one sweep. Why one sweep, nodes and initializers
     indexed once: a group a call, each scanning the graph and the initializers for every

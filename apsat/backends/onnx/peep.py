@@ -1,4 +1,5 @@
-"""Reading and editing a written graph: a value's readers, constants and static dims.
+"""Reading and editing a written graph: a value's readers, constants and static dims, and
+the planner's say on which nodes may become one.
 
 The passes of fuse.py and fuse_seq.py read the graph through these. Nodes are told apart
 by name (the exporter's names are unique).
@@ -35,10 +36,29 @@ def sole_reader(g, name: str):
     return readers[0] if len(readers) == 1 else None
 
 
-def followed(g, head, pred):
+class Planned:
+    """Which written nodes the planner computes in one kernel, so that the export may write
+    them as one node: `owner` maps each written value's name to the program term whose
+    walk wrote it, `stored` holds the terms the planner writes to memory (the gpu
+    kernel graph's `stored`). A node and its reader may become one where both were
+    written for one term (an extracted atom, such as a fused product with its
+    activation) or where the planner computes the node's term inside the kernel that
+    reads it. A value written for no term (one the tidying made) is kept apart. So the
+    export expresses the planner's kernels in ONNX's fused nodes and decides none of
+    its own (issue 33: decide once)."""
+
+    def __init__(self, owner: dict, stored: frozenset):
+        self.owner, self.stored = owner, stored
+
+    def together(self, node, reader) -> bool:
+        a, b = self.owner.get(node.output[0]), self.owner.get(reader.output[0])
+        return a is not None and b is not None and (a == b or a not in self.stored)
+
+
+def followed(g, head, pred, plan: Planned):
     """(node, reader) pairs: a node with head(node) whose sole reader satisfies
-    pred(node, reader). The readers are indexed once: a caller that changes the graph
-    stops drawing from it."""
+    pred(node, reader), where `plan` puts the two in one kernel. The readers are indexed
+    once: a caller that changes the graph stops drawing from it."""
     readers: dict = {}
     for n in g.node:
         for i in set(n.input):
@@ -47,7 +67,8 @@ def followed(g, head, pred):
     for node in list(g.node):
         if head(node):
             found = readers.get(node.output[0], [])
-            if len(found) == 1 and node.output[0] not in outputs and pred(node, found[0]):
+            if len(found) == 1 and node.output[0] not in outputs and pred(node, found[0]) \
+                    and plan.together(node, found[0]):
                 yield node, found[0]
 
 

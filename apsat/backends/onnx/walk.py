@@ -26,11 +26,17 @@ class Walk:
     def __init__(self, b: Builder, program, consts: dict, leaf, varying=frozenset()):
         self.b, self.p, self.leaf, self.varying = b, program, leaf, varying
         self.vals: dict[Term, object] = dict(consts)
+        # written value name -> the term whose walk wrote its node (a lazy view's node is
+        # written for the term that first reads it densely): peep.Planned reads it
+        self.owner: dict[str, Term] = {}
 
     def run(self, terms) -> None:
         for t in terms:
             if t not in self.vals:
+                start = len(self.b.nodes)
                 self.vals[t] = self.value(t)
+                for node in self.b.nodes[start:]:
+                    self.owner.update((name, t) for name in node.output)
 
     def shape(self, t: Term) -> tuple:
         it, item = self.p.shape_of(t)

@@ -87,6 +87,41 @@ def test_a_chain_with_two_consumers_keeps_its_kernel():
     assert kinds.count("elementwise") == 1 and kinds.count("gemm") == 2
 
 
+def _grouped_conv_then(reader_nodes, seed=4):
+    """Conv 1x1 in 2 groups + per-channel bias (an Add, which the fusion rules leave to
+    the lowering for a grouped conv) -> `reader_nodes` (reading "a", writing "y")."""
+    rng = np.random.default_rng(seed)
+    w = {"w": (rng.standard_normal((6, 2, 1, 1)) * 0.3).astype(np.float32),
+         "b": rng.standard_normal((1, 6, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1], group=2),
+             helper.make_node("Add", ["c", "b"], ["a"]), *reader_nodes]
+    return make_model(nodes, {"x": (1, 4, 5, 6)}, ["y"], w)
+
+
+def test_a_chain_read_by_a_local_operator_rides_on_its_producer(triton_run):
+    """Epilogue first: the LRN reads each relu value for 3 channels, so the bias and relu
+    are the conv's epilogue, computed once, not the LRN's prologue (AlexNet's conv2)."""
+    nodes = [helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("LRN", ["r"], ["y"], size=3, alpha=1e-4, beta=0.75, bias=1.0)]
+    kernels = _run(_grouped_conv_then(nodes), triton_run)
+    product = [k for k in kernels if k.kind == "gemm"]
+    assert len(kernels) == 2 and len(product) == 1
+    assert ("call", "max") in {v[:2] for v in value_nodes(product[0].values["out"])}
+    assert all("relu" not in k.covers for k in kernels if k.kind != "gemm")
+
+
+def test_a_chain_read_through_a_concatenation_rides_on_its_producer(triton_run):
+    """Epilogue first: relu(concat(conv + bias, x)) (ShuffleNet's unit joins its branch
+    with the shortcut, then applies the relu): the bias is the conv's epilogue, not
+    recomputed inside the relu's kernel."""
+    nodes = [helper.make_node("Concat", ["a", "x"], ["cat"], axis=1),
+             helper.make_node("Relu", ["cat"], ["y"])]
+    kernels = _run(_grouped_conv_then(nodes), triton_run)
+    product = [k for k in kernels if k.kind == "gemm"]
+    assert len(kernels) == 2 and len(product) == 1 and "elementwise-add" in product[0].covers
+    assert all("elementwise-add" not in k.covers for k in kernels if k.kind != "gemm")
+
+
 # ---- small reductions, unrolled in their consumer ------------------------------------------
 
 def _pool_then_conv(pool: str, conv_kernel=1, seed=0, **pool_attrs):

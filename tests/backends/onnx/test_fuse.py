@@ -3,8 +3,10 @@
 Each test writes a graph in the unfused form the walk can leave, runs the pass, checks the
 op types after it, and runs both graphs in onnxruntime (no graph optimisation, so what
 runs is what was written) on seeded random inputs: equal within rtol 1e-4, atol 1e-5.
-Where a pass must not apply (a second reader, a divisor that is not the window count),
-the graph keeps its ops and still equals itself.
+Where a pass must not apply (a second reader, a divisor that is not the window count, a
+planner that writes the producer to memory), the graph keeps its ops and still equals
+itself. These graphs come from no program: unless a test says otherwise, the plan puts
+every node in one kernel with its reader (every value written for one term, none stored).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from apsat.backends.onnx.fuse import fuse
+from apsat.backends.onnx.peep import Planned
 from apsat.backends.onnx.tidy import tidy
 
 RNG = np.random.default_rng(0)
@@ -34,13 +37,19 @@ def _run(model, feed: dict) -> list:
     return sess.run(None, feed)
 
 
-def _passes(model, inputs: dict) -> list:
-    """Fuse and tidy a copy of `model`; assert it equals the original; its op types."""
+def _all_together(model) -> Planned:
+    """A plan with every value written for one term that no kernel stores."""
+    return Planned({o: "one term" for n in model.graph.node for o in n.output}, frozenset())
+
+
+def _passes(model, inputs: dict, plan: Planned | None = None) -> list:
+    """Fuse (by `plan`, or every node with its reader) and tidy a copy of `model`; assert
+    it equals the original; its op types."""
     feed = {k: RNG.standard_normal(d).astype(np.float32) for k, d in inputs.items()}
     want = _run(model, feed)
     fused = onnx.ModelProto()
     fused.CopyFrom(model)
-    fuse(fused)
+    fuse(fused, plan or _all_together(model))
     tidy(fused.graph)
     onnx.checker.check_model(fused, full_check=True)
     for w, g in zip(want, _run(fused, feed)):
@@ -60,6 +69,21 @@ def test_conv_bias_residual_and_relu_become_one_fused_conv():
              helper.make_node("Relu", ["s"], ["y"])]
     m = _model(nodes, {"x": [1, 8, 6, 6]}, {"y": [1, 8, 6, 6]}, {"w": _f32(8, 8, 3, 3), "bias": _f32(1, 8, 1, 1)})
     assert _passes(m, {"x": [1, 8, 6, 6]}) == ["FusedConv"]
+
+
+def test_the_plan_says_which_nodes_become_one():
+    """Written for two terms: the conv joins its bias-add only where the planner keeps the
+    conv's term out of memory; written for one term (an extracted atom), always."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("Add", ["c", "bias"], ["cb"]),
+             helper.make_node("Relu", ["cb"], ["y"])]
+    m = _model(nodes, {"x": [1, 4, 5, 5]}, {"y": [1, 4, 5, 5]}, {"w": _f32(4, 4, 1, 1), "bias": _f32(1, 4, 1, 1)})
+    inputs = {"x": [1, 4, 5, 5]}
+    owner = {"c": "conv", "cb": "bias and relu", "y": "bias and relu"}
+    assert _passes(m, inputs, Planned(owner, frozenset({"conv"}))) == ["Conv", "Add", "Relu"]
+    assert _passes(m, inputs, Planned(owner, frozenset({"bias and relu"}))) == ["FusedConv"]
+    # a value written for no term (the tidying made it) stays apart
+    assert _passes(m, inputs, Planned({"cb": "t", "y": "t"}, frozenset())) == ["Conv", "Add", "Relu"]
 
 
 def test_a_conv_read_twice_keeps_its_add():
