@@ -69,7 +69,7 @@ class Phase:
 # in the order the files load (built-ins by file name, then the user's).
 PLANS: dict[str, tuple[Phase, ...]] = {
     "gpu": (Phase("affine"), Phase("layout", iter_limit=12), Phase("algebra", iter_limit=8), Phase("fusion"),
-            Phase("relayout"), Phase("merge", iter_limit=8, whole=True)),
+            Phase("relayout"), Phase("merge", iter_limit=9, whole=True)),
     "systolic": (Phase("affine"), Phase("layout", iter_limit=16), Phase("fusion"), Phase("relayout"),
                  Phase("im2col", iter_limit=16), Phase("systolic")),
 }

@@ -12,7 +12,7 @@ X = "(access (access-tensor x) 1)"
 SHAPES = {"x": (5, 6), "w1": (3, 6), "w2": (4, 6), "w3": (2, 6), "c1": (3,), "c2": (4,), "c3": (2,),
           "x2": (5, 6)}
 WEIGHTS = ("w1", "w2", "w3", "c1", "c2", "c3")
-MEMBERS = ("merge/member-biased", "merge/member-unbiased", "merge/member-act")
+MEMBERS = ("merge/member-biased", "merge/member-unbiased", "merge/member-act", "merge/next", "merge/next-act")
 
 
 def rows(name):
@@ -89,8 +89,11 @@ def test_grow_adds_a_third_member_in_weight_order():
     assert fired(report, "merge/grow")
     wide = _merged("fused-dot-bias", [1, 2, 3])
     assert eg.matches(f"(access-slice {wide} 1 7 9)", eg.handle_of(p3))
-    # each subset once, in weight order: {1,2}, {1,3}, {2,3} and {1,2,3}; never {2,1}
+    # each run of adjacent members once, in weight order: {1,2}, {2,3} and {1,2,3}; never
+    # {2,1}, and not {1,3}, which skips a member between them
     assert not eg.matches(f"(access-slice {_merged('fused-dot-bias', [2, 1])} 1 4 7)", eg.handle_of(p1))
+    assert eg.matches(f"(access-slice {_merged('fused-dot-bias', [2, 3])} 1 0 4)", eg.handle_of(p2))
+    assert not eg.matches(f"(access-slice {_merged('fused-dot-bias', [1, 3])} 1 0 3)", eg.handle_of(p1))
     assert _sound(eg, [p1, p2, p3]) >= 6
 
 
@@ -138,3 +141,22 @@ def test_slice_slice_is_one_slice():
     assert len(progs) == 2
     for prog in progs:
         np.testing.assert_array_equal(evaluate(prog, tensors), want)
+
+
+def test_many_siblings_merge_in_runs_not_subsets():
+    """12 products over one input (a mixture's experts): runs of adjacent members, 2 to 8
+    long, are 11 + 10 + ... + 5 = 56 merged products (every subset of at most 8 would be
+    3,797); the eighth member is a slice of the run of the first eight."""
+    n = 12
+    shapes = {"x": (5, 6), **{f"w{i}": (2, 6) for i in range(1, n + 1)}, **{f"c{i}": (2,) for i in range(1, n + 1)}}
+    weights = tuple(f"{k}{i}" for k in "wc" for i in range(1, n + 1))
+    text = cat(*[fdb(i) for i in range(1, n + 1)])
+    rules = MEMBERS + ("merge/pair",)
+    eg, _, report = run_rule("merge/grow", text, shapes, helpers=rules, weights=weights, iter_limit=9)
+    nodes = eg.serialize()["nodes"].values()
+    products = sum(1 for node in nodes if node["op"] == "fused-dot-bias")
+    assert products == n + sum(n - k + 1 for k in range(2, 9))     # the members, then runs of 2 to 8
+    assert not eg.matches(f"(access-slice {_merged('fused-dot-bias', [1, 3])} 1 0 2)", eg.handle_of(
+        apsat.parse(fdb(1), shapes).outputs["out"]))
+    eighth = apsat.parse(fdb(8), shapes).outputs["out"]
+    assert eg.matches(f"(access-slice {_merged('fused-dot-bias', list(range(1, 9)))} 1 14 16)", eg.handle_of(eighth))
