@@ -33,15 +33,25 @@ def export_result(result, path=None):
             proto = export_general(result.model, result.general, lambda p, m, v: export_onnx(p, m, meta, v))
         except ExportError as e:   # the program is general, its export is not: fixed sizes, said
             note = f"symbolic dims fixed at the representative sizes: {e}"
-            proto = export_onnx(result.program, result.model, {**meta, "apsat_dynamic": note})
+            proto = export_onnx(result.program, result.model, {**meta, "apsat_dynamic": note},
+                                stored=planner_stored(result))
     else:
-        proto = export_onnx(result.program, result.model, meta)
+        proto = export_onnx(result.program, result.model, meta, stored=planner_stored(result))
     if path is not None:
         import onnx
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         onnx.save(proto, str(path))
     return proto, note, None
+
+
+def planner_stored(result) -> frozenset | None:
+    """The gpu planner's stored terms for the result's program where the result was
+    lowered for gpu (the export follows them; apsat.backends.onnx.peep.Planned), else
+    None: the export lowers the program itself."""
+    graph = getattr(result.lowered, "artifact", None)
+    return graph.stored if result.backend is not None and result.backend.name == "gpu_kernels" \
+        and getattr(result.lowered, "program", None) is result.program else None
 
 
 def metadata(result) -> dict:
@@ -66,7 +76,7 @@ def _external(result, path, meta: dict):
         raise ExportError("the model's weights pass protobuf's 2 GB limit: the export needs a path, "
                           "beside which they are written as external data")
     arrays: dict = {}
-    proto = export_onnx(result.program, result.model, meta, arrays=arrays)
+    proto = export_onnx(result.program, result.model, meta, arrays=arrays, stored=planner_stored(result))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     try:
         save_external(proto, Path(path), arrays)

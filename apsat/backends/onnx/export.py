@@ -33,15 +33,17 @@ IR_VERSION = 10
 
 
 def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(),
-                arrays: dict | None = None) -> onnx.ModelProto:
+                arrays: dict | None = None, stored: frozenset | None = None) -> onnx.ModelProto:
     """The ONNX model of `program` (an extracted Program) for the loaded `model`
     (apsat.load_onnx's Model: its weights and original ModelProto). `metadata` becomes
     the model's metadata_props. `varying`: terms whose shapes follow symbolic dims, which
     are computed by nodes even where they read only weights (apsat.backends.onnx.dynamic
     makes such an export general). With `arrays` (a dict to fill), large constants are
     external-data stubs whose arrays go there, for `external.save_external` to write (a
-    model past protobuf's 2 GB); the check then waits for the saved file. ExportError
-    (one line) when the program has a term ONNX cannot express."""
+    model past protobuf's 2 GB); the check then waits for the saved file. `stored`: the
+    gpu planner's say for this very program (its KernelGraph's `stored`) where the caller
+    has it; else the program is lowered here to ask. ExportError (one line) when the
+    program has a term ONNX cannot express."""
     _refuse_hardware(program)
     b = Builder(arrays)
     src = model.onnx.graph
@@ -65,7 +67,7 @@ def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(
     with reading(arrays or {}):
         # a graph output's producer comes to write the output's name (tidy renames it)
         owner = {**walk.owner, **{name: t for name, t in program.outputs.items() if name not in walk.owner}}
-        fuse(out, Planned(owner, _stored(program)))
+        fuse(out, Planned(owner, _stored(program) if stored is None else stored))
     tidy(out.graph)
     if CONTRIB not in _domains(out.graph):
         out.opset_import.pop()
