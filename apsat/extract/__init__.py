@@ -76,6 +76,23 @@ def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float |
     return program
 
 
+def imported_cost(eg, root, cost=None) -> float:
+    """The DAG cost of the program an e-graph no rule has run on holds for `root` (a handle
+    or a dict of them), under `cost` as in extract: the imported program priced by the
+    e-node model. The same figure as extract(eg, root).cost, without rebuilding and
+    checking the program (a 10,000-node model: 0.9 s against 1.3 s). Where a class holds
+    more than one node (rules ran) it is extract's figure."""
+    outputs = root if isinstance(root, dict) else {"out": root}
+    graph = language_graph(eg.serialize())
+    graph.weights = frozenset(eg.weights)
+    roots = [eg.class_of(h) for h in outputs.values()]
+    node_cost = cost_model(cost, eg.target).node_cost(graph)
+    choice = _forced(graph, roots)
+    if choice is None:
+        return extract(eg, root, cost=cost).cost
+    return dag_cost(graph, choice, roots, node_cost)
+
+
 def extract_candidates(eg, root, method: str = "greedy-dag", cost=None, time_limit: float | None = None,
                        merges: bool = True) -> list[tuple[str, Program]]:
     """[(label, Program)]: "as extracted", extract's program, and where `merges` and the

@@ -271,7 +271,7 @@ def _load(model, target, tell, seconds, input_shapes=None, representatives=None,
     tell("import")
     t = time.perf_counter()
     from apsat.egraph.driver import EGraph
-    from apsat.extract import extract
+    from apsat.extract import imported_cost
     from apsat.frontend.importer import load_onnx
 
     m = model if hasattr(model, "program") else load_onnx(model, input_shapes, representatives)
@@ -292,7 +292,7 @@ def _load(model, target, tell, seconds, input_shapes=None, representatives=None,
     nodes, classes = eg.size()
     # Before any rule runs every e-class holds one node, so this "extraction" is the
     # imported program itself, priced by the same cost model as the result.
-    cost_before = extract(eg, handles).cost
+    cost_before = imported_cost(eg, handles)
     seconds["egraph"] = time.perf_counter() - t
     return m, eg, handles, (nodes, classes, cost_before)
 
