@@ -159,7 +159,7 @@ def test_merge_then_cancel_gives_one_product():
 
 def test_rule_names_in_this_file():
     names = {r for r in RuleLibrary().rules if r.startswith("algebra/")}
-    assert names == {r for r, *_ in REACH} | {"algebra/merge-shared-input"}
+    assert names == {r for r, *_ in REACH} | {"algebra/merge-shared-input", "algebra/mul-one", "algebra/div-one"}
 
 
 def test_algebra_on_resnet50_is_bounded():
@@ -174,3 +174,42 @@ def test_algebra_on_resnet50_is_bounded():
     report = eg.run(["algebra"])
     assert report["stop_reason"] == "saturated"
     assert report["nodes_after"] < 3 * report["nodes_before"]
+
+
+# ---- identities: a product with 1, a quotient by 1 -------------------------------------------
+
+X2 = "(access (access-tensor x) 2)"          # ((5, 6), ())
+
+
+def _literal(value: float) -> str:
+    """A scalar literal broadcast over x, as the importer writes a constant of equal elements
+    (always the second operand of a commutative operator: apsat/frontend/builder.py)."""
+    return (f"(access-broadcast (access-reshape (access-literal {value}) (access-shape (shape 1 1) (shape))) "
+            "(access-shape (shape 5 6) (shape)))")
+
+
+@pytest.mark.parametrize("rule, text", [
+    ("algebra/mul-one", f"(compute elementwise-mul (access-pair {X2} {_literal(1.0)}))"),
+    ("algebra/div-one", f"(compute elementwise-div (access-pair {X2} {_literal(1.0)}))"),
+])
+def test_an_identity_is_its_operand_exactly(rule, text):
+    """The root joins x's class, and every member equals the original bit for bit on
+    inputs holding NaN, +-inf and -0."""
+    eg, root, report = run_rule(rule, text, SHAPES)
+    assert fired(report, rule)
+    assert eg.class_of(root) == eg.class_of(eg.handle_of(apsat.parse(X2, SHAPES).root))
+    tensors = random_tensors(SHAPES, seed=5)
+    tensors["x"].reshape(-1)[:4] = [np.nan, np.inf, -np.inf, -0.0]
+    want = evaluate(apsat.parse(text, SHAPES), tensors)
+    for member in members(eg, root):
+        np.testing.assert_array_equal(evaluate(member, tensors), want)
+        assert np.signbit(evaluate(member, tensors).reshape(-1)[3])       # -0 stays -0
+
+
+@pytest.mark.parametrize("rule, text", [
+    ("algebra/mul-one", f"(compute elementwise-mul (access-pair {X2} {_literal(1.0001)}))"),
+    ("algebra/div-one", f"(compute elementwise-div (access-pair {_literal(1.0)} {X2}))"),   # 1 / x
+    ("algebra/mul-one", f"(compute elementwise-add (access-pair {X2} {_literal(1.0)}))"),
+])
+def test_no_identity_where_there_is_none(rule, text):
+    check_refuses(rule, text, SHAPES)
