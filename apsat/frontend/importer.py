@@ -31,7 +31,8 @@ from apsat.frontend.opaque_import import opaque_terms
 from apsat.frontend.symbol_folding import SymbolFolding
 from apsat.frontend.symbols import fixed_dims, smaller
 from apsat.frontend.reading import (FLOAT_TYPES, check_structure, file_prefix, first_line, infer_and_check,
-                                    input_types, model_skeleton, node_name, read_model, true_inputs)
+                                    input_types, model_skeleton, narrow_float_notice, node_name, read_model,
+                                    true_inputs)
 from apsat.lang.program import OpaqueNode, Program
 from apsat.lang.evaluate import evaluate
 from apsat.lang.term import Term, postorder
@@ -86,6 +87,7 @@ def load_onnx(source, input_shapes: dict | None = None, representatives: dict | 
             given.update(lower)
     if refused:                                # a sequence past the model's position table
         notices.append(f"the model does not import with its symbolic dims at {'; at '.join(refused)}")
+    notices += narrow_float_notice(proto)
     types = input_types(proto)
     return Model(program=program, inputs=inputs, weights=importer.weights, onnx=proto,
                  path=path, external=external, import_seconds=time.perf_counter() - start,

@@ -1,10 +1,13 @@
 """The float64 yardstick verification measures float32 error against.
 
 `float64_run(model_proto, inputs)` runs a float64 copy of the ORIGINAL model in
-onnxruntime (CPU, graph optimisations off): every float32 initializer, graph input,
-output and value_info, every Cast to float, Constant and ConstantOfShape value becomes
-double, and the float inputs are fed as double. Inputs an op's schema takes as float only
-(Resize's scales) are cast back to float where they are read.
+onnxruntime (CPU, graph optimisations off): every float32, float16 and bfloat16
+initializer, graph input, output and value_info, every Cast to one of those, Constant
+and ConstantOfShape value becomes double, and the float inputs are fed as double. Inputs
+an op's schema takes as float only (Resize's scales) are cast back to float where they
+are read. A half-precision model is so measured against the same yardstick: until
+2026-11-27 its copy converted float32 only, so an fp16 model's "float64" run was its own
+fp16 run, and onnxruntime's error in fp16 counted as none.
 
 onnxruntime has no double kernel for some ops. Conv, AveragePool, GlobalAveragePool and
 LRN, which sum many products, are rewritten into double-kernel ops (apsat.pipeline.oracle_ops).
@@ -25,6 +28,9 @@ from onnx import TensorProto, helper, numpy_helper
 from apsat.pipeline.oracle_ops import DECOMPOSE, CannotDecompose
 
 FLOAT, DOUBLE = TensorProto.FLOAT, TensorProto.DOUBLE
+# the element types the copy makes double: what the model computes in short of float64
+NARROW_FLOATS = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
+_NARROW_DTYPES = ("float32", "float16", "bfloat16")
 # Elementwise ops: run in float32 inside the float64 copy when onnxruntime has no double
 # kernel, each result element then carrying one float32 rounding (<= 2^-24 relative).
 ELEMENTWISE = {"Erf", "HardSigmoid", "HardSwish", "Gelu", "Softplus", "Softsign", "Selu", "Elu",
@@ -62,13 +68,13 @@ def float64_run(model_proto: onnx.ModelProto, inputs: dict,
 
     external = external or {}
     big = [i for i in model_proto.graph.initializer
-           if i.data_type == FLOAT and (_elements(i) >= EXTERNAL_ELEMENTS or i.name in external)]
+           if i.data_type in NARROW_FLOATS and (_elements(i) >= EXTERNAL_ELEMENTS or i.name in external)]
     need = 8 * sum(_elements(i) for i in big)
     if need > FLOAT64_WEIGHT_BYTES:
         raise NoFloat64(f"its weights in float64 would take {need / 2**30:.1f} GiB "
                         f"(more than {FLOAT64_WEIGHT_BYTES / 2**30:.0f} GiB)")
 
-    feeds = {k: np.asarray(v, np.float64) if np.asarray(v).dtype == np.float32 else v
+    feeds = {k: np.asarray(v).astype(np.float64) if np.asarray(v).dtype.name in _NARROW_DTYPES else v
              for k, v in inputs.items()}
     shapes, floats = infer(model_proto, {k: np.shape(v) for k, v in inputs.items()})
     unknown = [n for n in _decomposed_inputs(model_proto.graph) if not _known(shapes.get(n))]
@@ -104,7 +110,8 @@ def _elements(init) -> int:
 
 
 def infer(model_proto: onnx.ModelProto, input_dims: dict) -> tuple[dict[str, tuple], set[str]]:
-    """(value name -> dims (ints, None for an unknown dim), names of the float32 values), by
+    """(value name -> dims (ints, None for an unknown dim), names of the float32, float16 and
+    bfloat16 values), by
     onnx shape inference with the graph inputs' dims set to `input_dims`; weights by their
     own dims and type."""
     from apsat.pipeline.zoo import without_big_weights
@@ -121,10 +128,10 @@ def infer(model_proto: onnx.ModelProto, input_dims: dict) -> tuple[dict[str, tup
     except Exception:      # an op onnx cannot infer: what needs a shape measures it
         pass
     shapes = {i.name: tuple(i.dims) for i in model_proto.graph.initializer}
-    floats = {i.name for i in model_proto.graph.initializer if i.data_type == FLOAT}
+    floats = {i.name for i in model_proto.graph.initializer if i.data_type in NARROW_FLOATS}
     for vi in [*sk.graph.input, *sk.graph.value_info, *sk.graph.output, *model_proto.graph.value_info]:
         t = vi.type.tensor_type
-        floats |= {vi.name} if t.elem_type == FLOAT else set()
+        floats |= {vi.name} if t.elem_type in NARROW_FLOATS else set()
         if t.HasField("shape") and vi.name not in shapes:
             shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim)
     return shapes, floats
@@ -183,10 +190,10 @@ def _convert_graph(g, opset: int, floats: set, shapes: dict, tally: dict, prefix
     """Turn one graph (and its subgraphs) float64 in place (see the module doc); names
     the copy adds start with `prefix`."""
     for init in g.initializer:
-        if init.data_type == FLOAT and init.data_location != onnx.TensorProto.EXTERNAL:
+        if init.data_type in NARROW_FLOATS and init.data_location != onnx.TensorProto.EXTERNAL:
             init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float64), init.name))
     for vi in [*g.input, *g.output, *g.value_info]:
-        if vi.type.tensor_type.elem_type == FLOAT:
+        if vi.type.tensor_type.elem_type in NARROW_FLOATS:
             vi.type.tensor_type.elem_type = DOUBLE
     nodes = []
     for i, node in enumerate(g.node):
@@ -205,9 +212,9 @@ def _convert_attributes(node, opset, floats, shapes, tally, tag):
             for k, sub in enumerate(a.graphs):
                 _convert_graph(sub, opset, floats, shapes, tally, f"{tag}/{a.name}{k}")
     attrs = {a.name: a for a in node.attribute}
-    if node.op_type == "Cast" and attrs["to"].i == FLOAT:
+    if node.op_type == "Cast" and attrs["to"].i in NARROW_FLOATS:
         attrs["to"].i = DOUBLE
-    elif node.op_type in _DTYPE_ATTR_OPS and "dtype" in attrs and attrs["dtype"].i == FLOAT:
+    elif node.op_type in _DTYPE_ATTR_OPS and "dtype" in attrs and attrs["dtype"].i in NARROW_FLOATS:
         attrs["dtype"].i = DOUBLE
     elif node.op_type == "ConstantOfShape" and "value" not in attrs:
         node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.zeros(1))))
@@ -220,7 +227,7 @@ def _convert_attributes(node, opset, floats, shapes, tally, tag):
 def _double_value(node, attr):
     """A Constant's or ConstantOfShape's float value, as a double tensor attribute."""
     if attr.name == "value":
-        if attr.t.data_type == FLOAT:
+        if attr.t.data_type in NARROW_FLOATS:
             attr.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attr.t).astype(np.float64), attr.t.name))
         return
     value = np.array(attr.f if attr.name == "value_float" else list(attr.floats), np.float64)

@@ -1,0 +1,77 @@
+"""Half-precision models against the float64 yardstick (apsat.pipeline.oracle): the float64
+copy of a float16 or bfloat16 model is really double, so onnxruntime's own error in the
+model's type sets the bar (the float64 rule of apsat.pipeline.verify: err(apsat) <=
+8 x err(onnxruntime) + 4 float32 ulps). Before, the copy converted float32 only and an fp16
+model's "float64" run was its fp16 run: onnxruntime's error counted as none and an honest
+program failed."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from models import small_convnet
+from onnx import TensorProto, numpy_helper
+
+import apsat
+from apsat.pipeline.oracle import float64_run
+from apsat.pipeline.verify import run_oracle, verify_program
+from apsat.pipeline.zoo import ort_run
+
+ROOT = Path(__file__).resolve().parents[2]
+NARROW = {TensorProto.FLOAT16: np.float16, TensorProto.BFLOAT16: onnx.helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)}
+
+
+def _retyped(proto: onnx.ModelProto, elem: int, widen: bool) -> onnx.ModelProto:
+    """`proto` with its float32 weights rounded to `elem`, kept in `elem` (its values
+    typed `elem`) or, with `widen`, widened back to float32 exactly."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    g = out.graph
+    for i, init in enumerate(g.initializer):
+        narrow = numpy_helper.to_array(init).astype(NARROW[elem])
+        g.initializer[i].CopyFrom(numpy_helper.from_array(narrow.astype(np.float32) if widen else narrow, init.name))
+    if not widen:
+        for vi in [*g.input, *g.output, *g.value_info]:
+            vi.type.tensor_type.elem_type = elem
+    return out
+
+
+@pytest.mark.parametrize("elem", sorted(NARROW), ids=["float16", "bfloat16"])
+def test_the_float64_copy_of_a_half_model_is_double(elem):
+    """The copy of the half model computes what the float32 model with the same (rounded)
+    weights computes in float64, to double precision."""
+    base = small_convnet()
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(NARROW[elem])
+    half, _ = float64_run(_retyped(base, elem, widen=False), {"x": x})
+    wide, _ = float64_run(_retyped(base, elem, widen=True), {"x": x.astype(np.float32)})
+    assert half["y"].dtype == np.float64
+    np.testing.assert_allclose(half["y"], wide["y"], rtol=1e-12, atol=1e-12)
+
+
+def test_an_fp16_model_verifies_by_its_own_error_and_a_planted_flip_fails():
+    """onnxruntime's fp16 run sets the bar: the float32 program passes well inside it, a
+    planted sign flip does not."""
+    spec = importlib.util.spec_from_file_location("bench_verify_oracle", ROOT / "benchmarks" / "verify_oracle.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    proto = _retyped(small_convnet(), TensorProto.FLOAT16, widen=False)
+    x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype(np.float16)
+    assert ort_run(proto, {"x": x})["y"].dtype == np.float16
+    res = apsat.optimize(proto, target="gpu", inputs={"x": x})
+    v = res.report["verification"]
+    assert v["ok"] and v["oracle"] == "float64 (onnxruntime)", v
+    assert 1e-5 < v["err_ort"] < 1e-2 and v["err_apsat"] < v["err_ort"] / 10, v
+    oracle = run_oracle(res.model.onnx, {"x": x})
+    flipped, _ = bench.plant_sign_flip(res.program, res.model, {"x": x})
+    bad = verify_program(res.model, flipped, {"x": x}, oracle=oracle)
+    assert not bad.ok, bad
+
+
+def test_the_report_says_a_half_model_is_computed_in_float32():
+    proto = _retyped(small_convnet(), TensorProto.FLOAT16, widen=False)
+    notices = apsat.load_onnx(proto).notices
+    assert any(n.startswith("the model holds float16 values: apsat computes them in float32") for n in notices)
+    assert not any("float16" in n for n in apsat.load_onnx(small_convnet()).notices)
