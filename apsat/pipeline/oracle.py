@@ -147,14 +147,15 @@ def _known(dims) -> bool:
 
 
 def measured_shapes(model_proto: onnx.ModelProto, inputs: dict, names: list[str]) -> dict[str, tuple]:
-    """Dims of the float values `names`, from a float32 onnxruntime run that returns them as
-    extra graph outputs."""
+    """Dims of the float values `names`, from an onnxruntime run of the model that returns
+    them as extra graph outputs. They are declared with no type, since onnxruntime
+    refuses one that differs from the value's (float where a float16 model has float16)."""
     from apsat.pipeline.zoo import ort_run
 
     model = onnx.ModelProto()
     model.CopyFrom(model_proto)
     have = {o.name for o in model.graph.output}
-    model.graph.output.extend(helper.make_tensor_value_info(n, FLOAT, None) for n in names if n not in have)
+    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in have)
     out = ort_run(model, inputs)
     return {n: tuple(out[n].shape) for n in names}
 

@@ -75,3 +75,13 @@ def test_the_report_says_a_half_model_is_computed_in_float32():
     notices = apsat.load_onnx(proto).notices
     assert any(n.startswith("the model holds float16 values: apsat computes them in float32") for n in notices)
     assert not any("float16" in n for n in apsat.load_onnx(small_convnet()).notices)
+
+
+def test_dims_measured_in_a_run_of_the_half_model():
+    """Where shape inference falls short the dims come from a run with the values as extra
+    outputs; a float16 model's values are float16 (declared float, onnxruntime refused)."""
+    from apsat.pipeline.oracle import measured_shapes
+
+    proto = _retyped(small_convnet(), TensorProto.FLOAT16, widen=False)
+    dims = measured_shapes(proto, {"x": np.zeros((1, 3, 16, 16), np.float16)}, ["r1", "mp"])
+    assert dims == {"r1": (1, 8, 16, 16), "mp": (1, 8, 8, 8)}
