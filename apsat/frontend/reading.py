@@ -22,13 +22,20 @@ FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto
 SKELETON_MAX_ELEMENTS = 4096   # larger float initializers reach checker/inference as inputs
 
 
+def half_float_types(proto) -> list[str]:
+    """The half-precision element types ("bfloat16", "float16") among the model's weights,
+    graph inputs and outputs, sorted."""
+    g = proto.graph
+    held = {i.data_type for i in g.initializer} | {v.type.tensor_type.elem_type for v in [*g.input, *g.output]}
+    return sorted(onnx.TensorProto.DataType.Name(t).lower()
+                  for t in held & {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+
+
 def narrow_float_notice(proto) -> list[str]:
     """A notice where the model's weights, inputs or outputs are float16 or bfloat16: apsat
     computes in float32 (their values widened exactly), verifies against a float64 run
     with onnxruntime's error in the model's type as the bar, and exports float32 weights."""
-    g = proto.graph
-    held = {i.data_type for i in g.initializer} | {v.type.tensor_type.elem_type for v in [*g.input, *g.output]}
-    narrow = sorted(onnx.TensorProto.DataType.Name(t).lower() for t in held & {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+    narrow = half_float_types(proto)
     if not narrow:
         return []
     return [f"the model holds {' and '.join(narrow)} values: apsat computes them in float32 and exports "

@@ -30,6 +30,10 @@ from apsat.pipeline.oracle_ops import DECOMPOSE, CannotDecompose
 FLOAT, DOUBLE = TensorProto.FLOAT, TensorProto.DOUBLE
 # the element types the copy makes double: what the model computes in short of float64
 NARROW_FLOATS = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
+HALF_FLOATS = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
+# what a copy turns into what: (element type, numpy dtype, the element types it replaces)
+_TO_DOUBLE = (DOUBLE, np.float64, NARROW_FLOATS)
+_TO_FLOAT = (FLOAT, np.float32, HALF_FLOATS)
 _NARROW_DTYPES = ("float32", "float16", "bfloat16")
 # Elementwise ops: run in float32 inside the float64 copy when onnxruntime has no double
 # kernel, each result element then carrying one float32 rounding (<= 2^-24 relative).
@@ -187,36 +191,45 @@ def _external(init) -> onnx.TensorProto:
     return t
 
 
-def _convert_graph(g, opset: int, floats: set, shapes: dict, tally: dict, prefix: str = "__f64"):
-    """Turn one graph (and its subgraphs) float64 in place (see the module doc); names
-    the copy adds start with `prefix`."""
+def _convert_graph(g, opset: int, floats: set, shapes: dict, tally: dict, prefix: str = "__f64",
+                   to: tuple = _TO_DOUBLE):
+    """Turn one graph (and its subgraphs) float64 in place (see the module doc), or, with
+    `to` = _TO_FLOAT, its half-precision types float32 (float32_copy); names the copy adds
+    start with `prefix`."""
+    elem, dtype, replaced = to
     for init in g.initializer:
-        if init.data_type in NARROW_FLOATS and init.data_location != onnx.TensorProto.EXTERNAL:
-            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float64), init.name))
+        if init.data_type in replaced and init.data_location != onnx.TensorProto.EXTERNAL:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(dtype), init.name))
     for vi in [*g.input, *g.output, *g.value_info]:
-        if vi.type.tensor_type.elem_type in NARROW_FLOATS:
-            vi.type.tensor_type.elem_type = DOUBLE
+        if vi.type.tensor_type.elem_type in replaced:
+            vi.type.tensor_type.elem_type = elem
     nodes = []
     for i, node in enumerate(g.node):
-        _convert_attributes(node, opset, floats, shapes, tally, f"{prefix}/{i}")
-        nodes += _replace(node, opset, floats, shapes, f"{prefix}/{i}", g, tally)
+        _convert_attributes(node, opset, floats, shapes, tally, f"{prefix}/{i}", to)
+        nodes += _replace(node, opset, floats, shapes, f"{prefix}/{i}", g, tally) if elem == DOUBLE else [node]
     del g.node[:]
     g.node.extend(nodes)
 
 
-def _convert_attributes(node, opset, floats, shapes, tally, tag):
-    """Float element types named by attributes become double; subgraphs are converted."""
+def _convert_attributes(node, opset, floats, shapes, tally, tag, to):
+    """Element types named by attributes become the copy's; subgraphs are converted."""
+    elem, dtype, replaced = to
     for a in node.attribute:
         if a.type == onnx.AttributeProto.GRAPH:
-            _convert_graph(a.g, opset, floats, shapes, tally, f"{tag}/{a.name}")
+            _convert_graph(a.g, opset, floats, shapes, tally, f"{tag}/{a.name}", to)
         elif a.type == onnx.AttributeProto.GRAPHS:
             for k, sub in enumerate(a.graphs):
-                _convert_graph(sub, opset, floats, shapes, tally, f"{tag}/{a.name}{k}")
+                _convert_graph(sub, opset, floats, shapes, tally, f"{tag}/{a.name}{k}", to)
     attrs = {a.name: a for a in node.attribute}
-    if node.op_type == "Cast" and attrs["to"].i in NARROW_FLOATS:
-        attrs["to"].i = DOUBLE
-    elif node.op_type in _DTYPE_ATTR_OPS and "dtype" in attrs and attrs["dtype"].i in NARROW_FLOATS:
-        attrs["dtype"].i = DOUBLE
+    if node.op_type == "Cast" and attrs["to"].i in replaced:
+        attrs["to"].i = elem
+    elif node.op_type in _DTYPE_ATTR_OPS and "dtype" in attrs and attrs["dtype"].i in replaced:
+        attrs["dtype"].i = elem
+    elif elem != DOUBLE:        # a float32 copy: float attributes are float32 already
+        if node.op_type in ("Constant", "ConstantOfShape") and "value" in attrs \
+                and attrs["value"].t.data_type in replaced:
+            t = attrs["value"].t
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(dtype), t.name))
     elif node.op_type == "ConstantOfShape" and "value" not in attrs:
         node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.zeros(1))))
     elif node.op_type in ("Constant", "ConstantOfShape"):
@@ -234,6 +247,16 @@ def _double_value(node, attr):
     value = np.array(attr.f if attr.name == "value_float" else list(attr.floats), np.float64)
     node.attribute.remove(attr)
     node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(value)))
+
+
+def float32_copy(model_proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its float16 and bfloat16 weights, values, casts and constants made
+    float32 (each value exactly): where no float64 copy runs, a half-precision model's
+    fixed-tolerance yardstick, computed as a float32 model's own would be."""
+    model = onnx.ModelProto()
+    model.CopyFrom(model_proto)
+    _convert_graph(model.graph, 0, set(), {}, {}, "__f32", _TO_FLOAT)
+    return model
 
 
 def _replace(node, opset, floats, shapes, tag, g, tally) -> list:

@@ -79,15 +79,23 @@ class Oracle:
 def run_oracle(model_proto, inputs: dict, external: dict | None = None) -> Oracle:
     """onnxruntime on the original model in float32 and, where it runs, on its float64
     copy (apsat.pipeline.oracle.float64_run); `external`: the model's external-data
-    weights (apsat.frontend.external), fed where they lie. ModelError when the float32
-    run fails."""
-    from apsat.pipeline.oracle import NoFloat64, float64_run
+    weights (apsat.frontend.external), fed where they lie. Where no float64 copy runs, a
+    half-precision model's fixed-tolerance reference is its float32 copy's run
+    (oracle.float32_copy), not its own half-precision outputs. ModelError when the
+    float32 run fails."""
+    from apsat.frontend.reading import half_float_types
+    from apsat.pipeline.oracle import NoFloat64, float32_copy, float64_run
     from apsat.pipeline.zoo import ort_run
 
     expected = ort_run(model_proto, inputs, external)
     try:
         reference, notes = float64_run(model_proto, inputs, external)
     except NoFloat64 as e:
+        if half_float_types(model_proto):    # the fixed tolerances are float32's: a float32 copy's run
+            wide = {k: np.asarray(v).astype(np.float32) if np.asarray(v).dtype.name in ("float16", "bfloat16")
+                    else v for k, v in inputs.items()}
+            return Oracle(ort_run(float32_copy(model_proto), wide, external), None,
+                          f"float32 copy of the half-precision model (no float64 copy runs: {e})")
         return Oracle(expected, None, f"float32 (no float64 copy runs: {e})")
     return Oracle(expected, reference, "float64 (onnxruntime)", notes)
 

@@ -85,3 +85,22 @@ def test_dims_measured_in_a_run_of_the_half_model():
     proto = _retyped(small_convnet(), TensorProto.FLOAT16, widen=False)
     dims = measured_shapes(proto, {"x": np.zeros((1, 3, 16, 16), np.float16)}, ["r1", "mp"])
     assert dims == {"r1": (1, 8, 16, 16), "mp": (1, 8, 8, 8)}
+
+
+def test_without_a_float64_copy_a_half_model_is_judged_against_its_float32_copy(monkeypatch):
+    """The fixed tolerances are float32's: where no float64 copy runs, the reference is the
+    float32 copy's run (the same weights, widened), which equals the widened float32
+    model's, and the honest program passes; against the fp16 outputs it would not."""
+    from apsat.pipeline import oracle
+
+    def no_copy(*args, **kwargs):
+        raise oracle.NoFloat64("no double kernel (planted)")
+    monkeypatch.setattr(oracle, "float64_run", no_copy)
+    proto = _retyped(small_convnet(), TensorProto.FLOAT16, widen=False)
+    x = np.random.default_rng(2).standard_normal((1, 3, 16, 16)).astype(np.float16)
+    copy = ort_run(oracle.float32_copy(proto), {"x": x.astype(np.float32)})["y"]
+    wide = ort_run(_retyped(small_convnet(), TensorProto.FLOAT16, widen=True), {"x": x.astype(np.float32)})["y"]
+    assert copy.dtype == np.float32
+    np.testing.assert_allclose(copy, wide, rtol=1e-6, atol=1e-7)
+    v = apsat.optimize(proto, target="gpu", inputs={"x": x}).report["verification"]
+    assert v["ok"] and v["oracle"].startswith("float32 copy of the half-precision model"), v
