@@ -39,7 +39,7 @@ def narrow_float_notice(proto) -> list[str]:
     if not narrow:
         return []
     return [f"the model holds {' and '.join(narrow)} values: apsat computes them in float32 and exports "
-            "float32 weights; verification measures both against a float64 run"]
+            "float32 weights; verification measures apsat and onnxruntime against a float64 run"]
 
 
 def file_prefix(label: str) -> str:
