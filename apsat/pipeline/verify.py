@@ -79,25 +79,35 @@ class Oracle:
 def run_oracle(model_proto, inputs: dict, external: dict | None = None) -> Oracle:
     """onnxruntime on the original model in float32 and, where it runs, on its float64
     copy (apsat.pipeline.oracle.float64_run); `external`: the model's external-data
-    weights (apsat.frontend.external), fed where they lie. Where no float64 copy runs, a
-    half-precision model's fixed-tolerance reference is its float32 copy's run
-    (oracle.float32_copy), not its own half-precision outputs. ModelError when the
-    float32 run fails."""
+    weights (apsat.frontend.external), fed where they lie. A half-precision model's
+    float32 copy (oracle.float32_copy: its values widened exactly) stands in for its own
+    run where onnxruntime has no kernel for its type (bfloat16 on the CPU), and is the
+    fixed-tolerance reference where no float64 copy runs (float32 tolerances do not fit
+    its half-precision outputs). ModelError when no run of the model works."""
+    from apsat.errors import ModelError
     from apsat.frontend.reading import half_float_types
     from apsat.pipeline.oracle import NoFloat64, float32_copy, float64_run
     from apsat.pipeline.zoo import ort_run
 
-    expected = ort_run(model_proto, inputs, external)
+    half = half_float_types(model_proto)
+    wide = {k: np.asarray(v).astype(np.float32) if np.asarray(v).dtype.name in ("float16", "bfloat16") else v
+            for k, v in inputs.items()}
+    stand_in = ""
+    try:
+        expected = ort_run(model_proto, inputs, external)
+    except ModelError as e:
+        if not half:
+            raise
+        expected = ort_run(float32_copy(model_proto), wide, external)
+        stand_in = f"; its float32 copy stands in for its own run ({str(e).rsplit(': ', 1)[-1][:120]})"
     try:
         reference, notes = float64_run(model_proto, inputs, external)
     except NoFloat64 as e:
-        if half_float_types(model_proto):    # the fixed tolerances are float32's: a float32 copy's run
-            wide = {k: np.asarray(v).astype(np.float32) if np.asarray(v).dtype.name in ("float16", "bfloat16")
-                    else v for k, v in inputs.items()}
-            return Oracle(ort_run(float32_copy(model_proto), wide, external), None,
-                          f"float32 copy of the half-precision model (no float64 copy runs: {e})")
+        if half:    # the fixed tolerances are float32's: a float32 copy's run
+            expected = expected if stand_in else ort_run(float32_copy(model_proto), wide, external)
+            return Oracle(expected, None, f"float32 copy of the half-precision model (no float64 copy runs: {e})")
         return Oracle(expected, None, f"float32 (no float64 copy runs: {e})")
-    return Oracle(expected, reference, "float64 (onnxruntime)", notes)
+    return Oracle(expected, reference, "float64 (onnxruntime)" + stand_in, notes)
 
 
 def _nonfinite_agree(got: np.ndarray, want: np.ndarray) -> bool:

@@ -16,6 +16,7 @@ from models import small_convnet
 from onnx import TensorProto, numpy_helper
 
 import apsat
+from apsat.errors import ModelError
 from apsat.pipeline.oracle import float64_run
 from apsat.pipeline.verify import run_oracle, verify_program
 from apsat.pipeline.zoo import ort_run
@@ -104,3 +105,36 @@ def test_without_a_float64_copy_a_half_model_is_judged_against_its_float32_copy(
     np.testing.assert_allclose(copy, wide, rtol=1e-6, atol=1e-7)
     v = apsat.optimize(proto, target="gpu", inputs={"x": x}).report["verification"]
     assert v["ok"] and v["oracle"].startswith("float32 copy of the half-precision model"), v
+
+
+def _mlp(seed=0) -> onnx.ModelProto:
+    """MatMul + bias -> Relu -> MatMul + bias, float32 (opset 17: each op takes bfloat16)."""
+    from onnx import helper
+    from models import make_model
+
+    rng = np.random.default_rng(seed)
+    w = {"w1": (rng.standard_normal((16, 32)) / 4).astype(np.float32), "b1": rng.standard_normal(32).astype(np.float32),
+         "w2": (rng.standard_normal((32, 8)) / 6).astype(np.float32), "b2": rng.standard_normal(8).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["a1"]),
+             helper.make_node("Relu", ["a1"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["m2"]),
+             helper.make_node("Add", ["m2", "b2"], ["y"])]
+    return make_model(nodes, {"x": (4, 16)}, ["y"], w)
+
+
+def test_a_bfloat16_model_onnxruntime_cannot_run_verifies_through_its_float32_copy():
+    """onnxruntime's CPU has no bfloat16 Add: the float32 copy stands in for the model's own
+    run beside the float64 copy, the honest program passes, a planted sign flip fails."""
+    spec = importlib.util.spec_from_file_location("bench_verify_oracle", ROOT / "benchmarks" / "verify_oracle.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    proto = _retyped(_mlp(), TensorProto.BFLOAT16, widen=False)
+    x = np.random.default_rng(3).standard_normal((4, 16)).astype(NARROW[TensorProto.BFLOAT16])
+    with pytest.raises(ModelError, match="Could not find an implementation"):
+        ort_run(proto, {"x": x})
+    res = apsat.optimize(proto, target="gpu", inputs={"x": x})
+    v = res.report["verification"]
+    assert v["ok"] and "its float32 copy stands in for its own run" in v["oracle"], v
+    assert v["oracle"].startswith("float64 (onnxruntime)") and v["err_ort"] > 0, v
+    oracle = run_oracle(res.model.onnx, {"x": x})
+    flipped, _ = bench.plant_sign_flip(res.program, res.model, {"x": x})
+    assert not verify_program(res.model, flipped, {"x": x}, oracle=oracle).ok
