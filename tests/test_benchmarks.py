@@ -1,4 +1,5 @@
-"""The benchmark scripts still run: benchmarks/systolic.py on one small model and array
+"""The benchmark scripts still run: benchmarks/systolic.py on one small model and array,
+benchmarks/precision.py on two models
 (its full run over the zoo is minutes; the README quotes it). The figures checked are
 properties the comparison must keep: apsat's fused program takes fewer cycles and moves
 fewer DRAM words than the unfused baseline, and the flexible array is the best of the
@@ -79,3 +80,17 @@ def test_priced_rows_price_the_emitted_kernels():
     assert float(cells["e-node µs"]) > emitted
     model = bench.randomize_weights(bench.onnx.load(str(path)), seed=0)
     assert bench.by_extractor("squeezenet", model, {}, ["greedy-dag"]) == ["squeezenet", f"{emitted:.1f} ({cells['e-node µs']})"]
+
+
+def test_precision_benchmark_on_squeezenet_and_gpt2(capsys):
+    """benchmarks/precision.py: light SqueezeNet in float16 verifies by the float64 rule and
+    its bfloat16 conversion is no valid model (Conv takes no bfloat16 at its opset); GPT-2 in
+    bfloat16 verifies with its float32 copy standing in."""
+    bench = _load("precision")
+    assert bench.main(["squeezenet", "--zoo", "light"]) == 0
+    assert bench.main(["gpt2", "--zoo", "real", "--types", "bfloat16"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {tuple(line.split()[:3]) for line in lines if line.startswith(("squeezenet", "gpt2"))}
+    assert rows == {("squeezenet", "float16", "ok"), ("squeezenet", "bfloat16", "invalid"),
+                    ("gpt2", "bfloat16", "ok")}
+    assert sum("f32 copy stands in" in line for line in lines) == 1

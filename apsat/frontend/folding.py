@@ -260,8 +260,26 @@ def fold(node, inputs: list, opsets: dict[str, int], out_types: list[int]) -> li
     return result
 
 
+_HALF = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+
+
 def _fold_with_ort(node, inputs, opsets, out_types):
-    """Run the lone node in onnxruntime (quietly) with its inputs as initializers."""
+    """Run the lone node in onnxruntime (quietly) with its inputs as initializers. Where
+    onnxruntime has no kernel for a half-precision type (bfloat16 Log on the CPU), the
+    node runs on its inputs widened to float32 and `fold` rounds the results back: apsat
+    computes a half-precision model in float32 anyway."""
+    try:
+        return _run_alone(node, inputs, opsets, out_types)
+    except FoldError:
+        if not any(np.asarray(v).dtype.name in ("float16", "bfloat16") for v in inputs if v is not None):
+            raise
+    wide = [None if v is None else np.asarray(v).astype(np.float32) if np.asarray(v).dtype.name in
+            ("float16", "bfloat16") else v for v in inputs]
+    return _run_alone(node, wide, opsets, [onnx.TensorProto.FLOAT if t in _HALF else t for t in out_types])
+
+
+def _run_alone(node, inputs, opsets, out_types):
+    """The lone node's outputs from onnxruntime; FoldError with its complaint."""
     import onnxruntime as ort
 
     inits = [numpy_helper.from_array(np.asarray(v, order="C"), name)

@@ -33,7 +33,6 @@ NARROW_FLOATS = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.B
 HALF_FLOATS = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 # what a copy turns into what: (element type, numpy dtype, the element types it replaces)
 _TO_DOUBLE = (DOUBLE, np.float64, NARROW_FLOATS)
-_TO_FLOAT = (FLOAT, np.float32, HALF_FLOATS)
 _NARROW_DTYPES = ("float32", "float16", "bfloat16")
 # Elementwise ops: run in float32 inside the float64 copy when onnxruntime has no double
 # kernel, each result element then carrying one float32 rounding (<= 2^-24 relative).
@@ -194,7 +193,7 @@ def _external(init) -> onnx.TensorProto:
 def _convert_graph(g, opset: int, floats: set, shapes: dict, tally: dict, prefix: str = "__f64",
                    to: tuple = _TO_DOUBLE):
     """Turn one graph (and its subgraphs) float64 in place (see the module doc), or, with
-    `to` = _TO_FLOAT, its half-precision types float32 (float32_copy); names the copy adds
+    another `to`, its other float types `to`'s (retyped_copy); names the copy adds
     start with `prefix`."""
     elem, dtype, replaced = to
     for init in g.initializer:
@@ -225,38 +224,46 @@ def _convert_attributes(node, opset, floats, shapes, tally, tag, to):
         attrs["to"].i = elem
     elif node.op_type in _DTYPE_ATTR_OPS and "dtype" in attrs and attrs["dtype"].i in replaced:
         attrs["dtype"].i = elem
-    elif elem != DOUBLE:        # a float32 copy: float attributes are float32 already
-        if node.op_type in ("Constant", "ConstantOfShape") and "value" in attrs \
-                and attrs["value"].t.data_type in replaced:
-            t = attrs["value"].t
-            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(dtype), t.name))
-    elif node.op_type == "ConstantOfShape" and "value" not in attrs:
-        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.zeros(1))))
+    elif node.op_type == "ConstantOfShape" and "value" not in attrs and FLOAT in replaced:
+        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.zeros(1, dtype))))
     elif node.op_type in ("Constant", "ConstantOfShape"):
         for name in ("value", "value_float", "value_floats"):
             if name in attrs:
-                _double_value(node, attrs[name])
+                _retyped_value(node, attrs[name], to)
 
 
-def _double_value(node, attr):
-    """A Constant's or ConstantOfShape's float value, as a double tensor attribute."""
+def _retyped_value(node, attr, to):
+    """A Constant's or ConstantOfShape's float value, as a tensor attribute of the copy's
+    type."""
+    elem, dtype, replaced = to
     if attr.name == "value":
-        if attr.t.data_type in NARROW_FLOATS:
-            attr.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attr.t).astype(np.float64), attr.t.name))
+        if attr.t.data_type in replaced:
+            attr.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attr.t).astype(dtype), attr.t.name))
         return
-    value = np.array(attr.f if attr.name == "value_float" else list(attr.floats), np.float64)
+    if FLOAT not in replaced:      # value_float(s) are float32
+        return
+    value = np.array(attr.f if attr.name == "value_float" else list(attr.floats), np.float32).astype(dtype)
     node.attribute.remove(attr)
     node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(value)))
+
+
+def retyped_copy(model_proto: onnx.ModelProto, elem: int) -> onnx.ModelProto:
+    """The model with its other float32, float16 and bfloat16 weights, values, casts and
+    constants made `elem` (TensorProto.FLOAT, FLOAT16 or BFLOAT16), each value rounded to
+    it: how a model is given in another precision (benchmarks/precision.py), and, as
+    float32_copy, a half-precision model widened exactly."""
+    model = onnx.ModelProto()
+    model.CopyFrom(model_proto)
+    to = (elem, helper.tensor_dtype_to_np_dtype(elem), NARROW_FLOATS - {elem})
+    _convert_graph(model.graph, 0, set(), {}, {}, f"__{elem}", to)
+    return model
 
 
 def float32_copy(model_proto: onnx.ModelProto) -> onnx.ModelProto:
     """The model with its float16 and bfloat16 weights, values, casts and constants made
     float32 (each value exactly): where no float64 copy runs, a half-precision model's
     fixed-tolerance yardstick, computed as a float32 model's own would be."""
-    model = onnx.ModelProto()
-    model.CopyFrom(model_proto)
-    _convert_graph(model.graph, 0, set(), {}, {}, "__f32", _TO_FLOAT)
-    return model
+    return retyped_copy(model_proto, FLOAT)
 
 
 def _replace(node, opset, floats, shapes, tag, g, tally) -> list:

@@ -98,3 +98,17 @@ def test_fold_of_a_constant_node():
     node = helper.make_node("Constant", [], ["y"], value=onnx.numpy_helper.from_array(S(4)))
     (got,) = fold(node, [], {"": 18}, [0])
     assert got.shape == () and got.dtype == np.int64 and int(got) == 4
+
+
+def test_a_half_precision_node_onnxruntime_has_no_kernel_for_folds_in_float32():
+    """onnxruntime's CPU has no bfloat16 Log (T5's relative-position buckets): the node runs
+    on its inputs widened to float32, and the result is rounded to bfloat16."""
+    bf16 = helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)
+    x = np.array([0.5, 1.0, 3.0, 100.0], np.float32).astype(bf16)
+    node = helper.make_node("Log", ["x"], ["y"])
+    (y,) = fold(node, [x], {"": 17}, [TensorProto.BFLOAT16])
+    assert y.dtype == bf16
+    np.testing.assert_array_equal(y.astype(np.float32), np.log(x.astype(np.float32)).astype(bf16).astype(np.float32))
+    with pytest.raises(Exception, match="cannot fold at import"):    # float32 input: no such fallback
+        fold(helper.make_node("Log", ["x"], ["y"], domain="no.such"), [x.astype(np.float32)], {"": 17, "no.such": 1},
+             [TensorProto.FLOAT])
