@@ -46,7 +46,7 @@ import re
 from apsat.backends.gpu import tiling
 from apsat.backends.gpu.attention import expansion as attention_expansion
 from apsat.backends.gpu.emit import used_vars
-from apsat.backends.gpu.epilogue import invert_path
+from apsat.backends.gpu.epilogue import epilogue_path, invert_path
 from apsat.backends.gpu.expr import flat, value_nodes, var
 from apsat.backends.gpu.graph import Buffer, HostStep, Kernel, KernelGraph
 from apsat.backends.gpu.inline import Inlining, is_kernel_op
@@ -159,7 +159,7 @@ class _Lowering:
                     self._step(producer, None, None)     # un-fuse: producer, then the chain
             self._kernel(t, None, None)
         except NeedsBuffer as e:     # a norm or a view this kernel cannot read inline
-            self._own_buffer(e.term)
+            self._own_buffer(self._with_affine(e.term))
             self._step(t, producer, path)
         except Unsupported as e:
             if t.op == "attention":      # no attention kernel: the unfused terms instead
@@ -270,6 +270,24 @@ class _Lowering:
         k.flops = 0.0
         self._finish(k, vals, t if keep else None, d)
         return k.out
+
+    def _with_affine(self, term: Term) -> Term:
+        """A normalisation materialised after all takes its point-wise tail (its scale and
+        shift) in its kernel's epilogue: the tail's root is what gets the buffer, computed
+        once, where the readers' loads would redo it per tile (and the ONNX export writes
+        one LayerNormalization with its scale and bias). Any other term: itself."""
+        if not (term.op == "compute" and term.args[0].op in ROW_NORMALISATIONS):
+            return term
+        root, c = term, self.inlining.consumer(term)
+        while c is not None and is_elementwise(c[0]) and c[0] not in self.term_buf:
+            root, c = c[0], self.inlining.consumer(c[0])
+        if root is term:
+            return term
+        found = epilogue_path(self.p, root, lambda q: q is term, self.uses, {term})
+        if found is None:
+            return term
+        self._step(root, term, found[1])
+        return root
 
     def _own_buffer(self, term: Term):
         """Give `term` a buffer of its own: its kernel, or for a view a copy; a view under

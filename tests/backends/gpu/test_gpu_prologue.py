@@ -201,3 +201,20 @@ def test_squeeze_excitation_is_two_kernels_before_the_projection(triton_run):
     assert [k.kind for k in kernels] == ["reduce", "reduce", "gemm"]
     assert "silu" in kernels[1].covers
     assert {"dot-product", "sigmoid", "elementwise-mul"} <= set(kernels[2].covers)
+
+
+def test_a_materialised_norm_takes_its_scale_and_shift_in_its_epilogue():
+    """GPT-2 with symbolic dims: its layer norms keep kernels of their own (their readers
+    cannot work out the row statistics), and each takes its scale and shift in its
+    epilogue, computed once, not in every reader tile's loads; the ONNX export then writes
+    each as one LayerNormalization with its scale and bias (no Mul after one)."""
+    from pathlib import Path
+
+    res = apsat.optimize(Path(__file__).resolve().parents[2] / "data" / "dynamic" / "gpt2.onnx",
+                         target="gpu", verify=False)
+    norms = [k for k in res.lowered.artifact.kernels if "layer-norm" in k.covers]
+    assert norms and all({"elementwise-mul", "elementwise-add"} <= set(k.covers) for k in norms)
+    proto = res.to_onnx()
+    made = {o: n.op_type for n in proto.graph.node for o in n.output}
+    assert not any(n.op_type == "Mul" and "LayerNormalization" in (made.get(i) for i in n.input)
+                   for n in proto.graph.node)
