@@ -76,17 +76,22 @@ def extract(eg, root, method: str = "greedy-dag", cost=None, time_limit: float |
     return program
 
 
+def _priced_graph(eg, outputs: dict, cost):
+    """(the serialised e-graph as an ExtractionGraph, class shapes and weights included;
+    the outputs' root classes; the cost model; its node_cost over the graph)."""
+    graph = language_graph(eg.serialize())   # class shapes included: egglog's, exported
+    graph.weights = frozenset(eg.weights)
+    model = cost_model(cost, eg.target)
+    return graph, [eg.class_of(h) for h in outputs.values()], model, model.node_cost(graph)
+
+
 def imported_cost(eg, root, cost=None) -> float:
     """The DAG cost of the program an e-graph no rule has run on holds for `root` (a handle
     or a dict of them), under `cost` as in extract: the imported program priced by the
     e-node model. The same figure as extract(eg, root).cost, without rebuilding and
     checking the program (a 10,000-node model: 0.9 s against 1.3 s). Where a class holds
     more than one node (rules ran) it is extract's figure."""
-    outputs = root if isinstance(root, dict) else {"out": root}
-    graph = language_graph(eg.serialize())
-    graph.weights = frozenset(eg.weights)
-    roots = [eg.class_of(h) for h in outputs.values()]
-    node_cost = cost_model(cost, eg.target).node_cost(graph)
+    graph, roots, _, node_cost = _priced_graph(eg, root if isinstance(root, dict) else {"out": root}, cost)
     choice = _forced(graph, roots)
     if choice is None:
         return extract(eg, root, cost=cost).cost
@@ -105,11 +110,7 @@ def extract_candidates(eg, root, method: str = "greedy-dag", cost=None, time_lim
     if not outputs:
         raise ExtractionError("extract: no root e-class given (an empty dict of outputs)")
     start = time.perf_counter()
-    graph = language_graph(eg.serialize())   # class shapes included: egglog's, exported
-    graph.weights = frozenset(eg.weights)
-    roots = [eg.class_of(h) for h in outputs.values()]
-    model = cost_model(cost, eg.target)
-    node_cost = model.node_cost(graph)
+    graph, roots, model, node_cost = _priced_graph(eg, outputs, cost)
     forced = _forced(graph, roots)
     choice = forced or run_extractor(method, graph, roots, node_cost, time_limit)
     check_roots(graph, choice, roots)

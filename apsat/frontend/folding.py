@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 
 from apsat.frontend.limits import MAX_ELEMENTS
 from apsat.frontend.node_shapes import infer_node
+from apsat.frontend.reading import HALF_FLOAT_TYPES, is_half, widened
 
 
 class FoldError(Exception):
@@ -260,9 +261,6 @@ def fold(node, inputs: list, opsets: dict[str, int], out_types: list[int]) -> li
     return result
 
 
-_HALF = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
-
-
 def _fold_with_ort(node, inputs, opsets, out_types):
     """Run the lone node in onnxruntime (quietly) with its inputs as initializers. Where
     onnxruntime has no kernel for a half-precision type (bfloat16 Log on the CPU), the
@@ -271,11 +269,10 @@ def _fold_with_ort(node, inputs, opsets, out_types):
     try:
         return _run_alone(node, inputs, opsets, out_types)
     except FoldError:
-        if not any(np.asarray(v).dtype.name in ("float16", "bfloat16") for v in inputs if v is not None):
+        if not any(is_half(v) for v in inputs):
             raise
-    wide = [None if v is None else np.asarray(v).astype(np.float32) if np.asarray(v).dtype.name in
-            ("float16", "bfloat16") else v for v in inputs]
-    return _run_alone(node, wide, opsets, [onnx.TensorProto.FLOAT if t in _HALF else t for t in out_types])
+    return _run_alone(node, [widened(v) for v in inputs], opsets,
+                      [onnx.TensorProto.FLOAT if t in HALF_FLOAT_TYPES else t for t in out_types])
 
 
 def _run_alone(node, inputs, opsets, out_types):

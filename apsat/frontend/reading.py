@@ -19,6 +19,7 @@ from apsat.frontend.limits import type_name
 
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
                onnx.TensorProto.BFLOAT16}
+HALF_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 SKELETON_MAX_ELEMENTS = 4096   # larger float initializers reach checker/inference as inputs
 
 
@@ -27,8 +28,17 @@ def half_float_types(proto) -> list[str]:
     graph inputs and outputs, sorted."""
     g = proto.graph
     held = {i.data_type for i in g.initializer} | {v.type.tensor_type.elem_type for v in [*g.input, *g.output]}
-    return sorted(onnx.TensorProto.DataType.Name(t).lower()
-                  for t in held & {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+    return sorted(onnx.TensorProto.DataType.Name(t).lower() for t in held & HALF_FLOAT_TYPES)
+
+
+def is_half(value) -> bool:
+    """`value` is a float16 or bfloat16 array."""
+    return value is not None and np.asarray(value).dtype.name in ("float16", "bfloat16")
+
+
+def widened(value):
+    """A float16 or bfloat16 array as float32 (exactly); any other value as it is."""
+    return np.asarray(value).astype(np.float32) if is_half(value) else value
 
 
 def narrow_float_notice(proto) -> list[str]:

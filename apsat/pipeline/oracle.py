@@ -30,7 +30,6 @@ from apsat.pipeline.oracle_ops import DECOMPOSE, CannotDecompose
 FLOAT, DOUBLE = TensorProto.FLOAT, TensorProto.DOUBLE
 # the element types the copy makes double: what the model computes in short of float64
 NARROW_FLOATS = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
-HALF_FLOATS = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 # what a copy turns into what: (element type, numpy dtype, the element types it replaces)
 _TO_DOUBLE = (DOUBLE, np.float64, NARROW_FLOATS)
 _NARROW_DTYPES = ("float32", "float16", "bfloat16")

@@ -85,13 +85,12 @@ def run_oracle(model_proto, inputs: dict, external: dict | None = None) -> Oracl
     fixed-tolerance reference where no float64 copy runs (float32 tolerances do not fit
     its half-precision outputs). ModelError when no run of the model works."""
     from apsat.errors import ModelError
-    from apsat.frontend.reading import half_float_types
+    from apsat.frontend.reading import half_float_types, widened
     from apsat.pipeline.oracle import NoFloat64, float32_copy, float64_run
     from apsat.pipeline.zoo import ort_run
 
     half = half_float_types(model_proto)
-    wide = {k: np.asarray(v).astype(np.float32) if np.asarray(v).dtype.name in ("float16", "bfloat16") else v
-            for k, v in inputs.items()}
+    wide = {k: widened(v) for k, v in inputs.items()}
     stand_in = ""
     try:
         expected = ort_run(model_proto, inputs, external)

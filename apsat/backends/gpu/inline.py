@@ -37,7 +37,7 @@ from apsat.backends.gpu.views import (
     leading,
     n_iter,
 )
-from apsat.lang.ops import ATOM_OPS, ELEMENTWISE_OPS, NARY_OPS, UNARY_MAPS
+from apsat.lang.ops import ATOM_OPS, ELEMENTWISE_OPS
 from apsat.lang.program import Program
 from apsat.lang.term import Term
 
@@ -125,7 +125,7 @@ class Inlining:
             if p.op not in ONE_READ_VIEWS:
                 return False
             p = self.parents[p][0][0]
-        return leading(p.args[0]) in UNARY_MAPS | NARY_OPS
+        return leading(p.args[0]) in ELEMENTWISE_OPS      # a map or an n-ary operator: never a chain
 
     def rides_on_producer(self, t: Term) -> bool:
         """t's operand chain reaches a kernel of one use through point-wise steps and

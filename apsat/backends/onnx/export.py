@@ -66,7 +66,7 @@ def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(
                             producer_name="apsat", ir_version=IR_VERSION)
     with reading(arrays or {}):
         # a graph output's producer comes to write the output's name (tidy renames it)
-        owner = {**walk.owner, **{name: t for name, t in program.outputs.items() if name not in walk.owner}}
+        owner = {**program.outputs, **walk.owner}
         fuse(out, Planned(owner, _stored(program) if stored is None else stored))
     tidy(out.graph)
     if CONTRIB not in _domains(out.graph):
