@@ -160,7 +160,7 @@ def test_explicit_semantics_agree_with_the_formula(op):
     from apsat.lang.semantics import NUMPY
 
     spec = COMPUTE_OPS[op]
-    params = tuple(0.5 if k == "float" else 3 for k in spec.params)
+    params = spec.example_params()
     x = np.random.default_rng(1).standard_normal((4, spec.arity or 2, 6)).astype(np.float32)
     operands = (x,) if spec.kind == "map" else tuple(x[:, i] for i in range(x.shape[1]))
     with np.errstate(all="ignore"):

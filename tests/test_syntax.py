@@ -72,8 +72,10 @@ def operator_head(op: str) -> str:
     """`op` with sample parameters, as surface syntax: `relu`, `(clip 0.5 0.5)`,
     `(chain elementwise-add relu)`."""
     spec = COMPUTE_OPS[op]
-    params = " ".join(OPERATOR_PARAMS[i] if k == "compute-op" else "3" if k == "int" else "0.5"
-                      for i, k in enumerate(spec.params))
+    if "compute-op" in spec.params:
+        params = " ".join(OPERATOR_PARAMS)
+    else:
+        params = " ".join(str(p) for p in spec.example_params())
     return f"({op} {params})" if params else op
 
 

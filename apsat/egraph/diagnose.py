@@ -9,6 +9,7 @@ and the shapes that disagree. Split out of driver.py, which keeps the e-graph it
 from __future__ import annotations
 
 from apsat.egraph.serialize import SORT_OF, raw_id
+from apsat.lang import dtypes
 
 
 def describe(g, flag: str) -> str:
@@ -30,6 +31,10 @@ def describe(g, flag: str) -> str:
     more = f"; {len(flagged) - 1} more e-class(es) flagged" if len(flagged) > 1 else ""
     if flag == "shape-invalid":
         return f"ill-shaped node in {where}: {flagged[cls]}{more}"
+    if flag == "type-conflict":
+        types = sorted(dtypes.NAMES.get(g.value_to_i64(r.inputs[1]), "?") for r in frozen["has-type"].rows
+                       if r.inputs[0] == cls)
+        return f"element types {' and '.join(types)} meet in {where} (a Cast must convert one){more}"
     ranks, dims = _shape_facts(g, frozen, cls)
     if not ranks:
         return f"shape conflict in {where}{more}"

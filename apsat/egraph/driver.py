@@ -29,9 +29,11 @@ from apsat.egraph import bursts, diagnose, egglog_io
 from apsat.egraph import serialize as _serialize
 from apsat.egraph.serialize import SORT_OF, raw_id
 from apsat.lang.program import Program
-from apsat.lang.syntax import VAR, egg_ints, egg_node, egg_string, parse_term
+from apsat.lang.syntax import VAR, egg_node, parse_term
 from apsat.lang.term import Term, postorder
 from apsat.errors import EGraphError, ShapeError
+from apsat.egraph.facts import tensor_facts
+from apsat.lang.dtypes import TypeMismatch
 from apsat.targets import parse_target
 
 __all__ = ["EGraph", "LANGUAGE", "SORT_OF", "egg_term"]
@@ -84,6 +86,7 @@ class EGraph:
         self._ids: dict[Term, int] = {}          # added term -> handle number
         self._next = 0                           # handle numbers are never reused
         self.tensor_shapes: dict[str, tuple[int, ...]] = {}   # every tensor added: name -> dims
+        self.tensor_types: dict[str, str] = {}  # every float tensor added: name -> element type
         self.opaque_nodes: dict = {}            # opaque calls of added programs, by call name
         self.weights: frozenset = frozenset()   # tensors known at load time (Program.weights)
         self.outputs: dict[str, str] = {}       # output name -> handle, latest add wins
@@ -162,15 +165,8 @@ class EGraph:
         `self.tensor_shapes`, `self.opaque_nodes` and `self.weights` (what extraction
         needs to rebuild a Program and to price weight-only work)."""
         program = self._as_program(program, shapes)
-        for name, dims in program.tensor_shapes.items():
-            if self.tensor_shapes.get(name, dims) != dims:
-                raise ShapeError(f"tensor {name!r} was added with shape {self.tensor_shapes[name]}, now {dims}")
+        statements = tensor_facts(self, program)
         new_tensors = [n for n in program.tensor_shapes if n not in self.tensor_shapes]
-        statements = [f"(tensor-shape {egg_string(n)} {egg_ints(program.tensor_shapes[n])})"
-                      for n in new_tensors]
-        # the order weights were added in: the order merged siblings concatenate them in
-        statements += [f"(weight-order {egg_string(n)} {len(self.tensor_shapes) + i})"
-                       for i, n in enumerate(new_tensors) if n in program.weights]
         height: dict[Term, int] = {}   # longest path down to a seeded (or leaf) term
         new_terms = []
         for term in program.terms():
@@ -201,6 +197,7 @@ class EGraph:
                 del self._ids[term]
             raise
         self.tensor_shapes.update((n, program.tensor_shapes[n]) for n in new_tensors)
+        self.tensor_types.update((n, program.tensor_types[n]) for n in new_tensors if n in program.tensor_types)
         self.opaque_nodes.update(program.opaque_nodes)
         self.weights |= program.weights
         self._saturate_shapes()
@@ -297,6 +294,8 @@ class EGraph:
             raise ShapeError(diagnose.describe(self._g, "shape-invalid"))
         if self._holds("(shape-conflict ?e)", "checking shapes"):
             raise ShapeError(diagnose.describe(self._g, "shape-conflict"))
+        if self._holds("(type-conflict ?e)", "checking types"):
+            raise TypeMismatch(diagnose.describe(self._g, "type-conflict"))
 
     # ---- reading ---------------------------------------------------------------------------
 

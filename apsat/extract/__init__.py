@@ -138,7 +138,7 @@ def _program(eg, graph, outputs: dict, roots, choice: dict, node_cost) -> Progra
     shapes = {t: graph.shapes[c] for c, t in terms.items() if c in (graph.shapes or {})}
     program = Program({name: terms[eg.class_of(h)] for name, h in outputs.items()},
                       dict(eg.tensor_shapes), dict(eg.opaque_nodes), weights=graph.weights,
-                      known_shapes=shapes)
+                      tensor_types=dict(eg.tensor_types), known_shapes=shapes)
     program.cost = dag_cost(graph, choice, roots, node_cost)
     # What the program was chosen from (apsat.pipeline.trace reads them for the why-trace):
     # the choice, class id -> node id, and the serialised e-graph it names.

@@ -120,7 +120,7 @@ class ConstantTerms:
             if v is not None and literal_value(v):
                 self._terms[name] = literal(imp.b, v, arr.shape)
             else:
-                t = self._terms[name] = imp.add_weight(name, arr)
+                t = self._terms[name] = imp.add_weight(name, arr, typed=True)
                 imp.symbolic.weight_made(name, t.args[0])
         return self._terms[name]
 

@@ -30,7 +30,7 @@ from apsat.frontend.node_shapes import infer_node
 from apsat.frontend.opaque_import import opaque_terms
 from apsat.frontend.symbol_folding import SymbolFolding
 from apsat.frontend.symbols import fixed_dims, smaller
-from apsat.frontend.reading import (FLOAT_TYPES, check_structure, file_prefix, first_line, infer_and_check,
+from apsat.frontend.reading import (FLOAT_TYPES, NUMPY_FLOATS, ONNX_FLOATS, check_structure, file_prefix, first_line, infer_and_check,
                                     input_types, model_skeleton, narrow_float_notice, node_name, read_model,
                                     true_inputs)
 from apsat.lang.program import OpaqueNode, Program
@@ -137,6 +137,7 @@ class Importer:
         self.external = external or {}     # name -> memmap of an external-data weight
         self.opsets = {o.domain or "": o.version for o in proto.opset_import}
         self.tensor_shapes: dict[str, tuple] = {}
+        self.tensor_types: dict[str, str] = {}   # float inputs and weights: their element type
         self.b = Builder(self.tensor_shapes)
         self.env: dict[str, object] = {}
         self.weights: dict[str, np.ndarray] = {}
@@ -162,6 +163,8 @@ class Importer:
     def run(self) -> Program:
         for name, dims in self.inputs.items():
             self.tensor_shapes[name] = dims
+            if (elem := self.info.get(name, (0, None))[0]) in ONNX_FLOATS:
+                self.tensor_types[name] = ONNX_FLOATS[elem]
             self.env[name] = self.b.tensor(name)
         for init in self.graph.initializer:
             if init.name not in self.inputs and init.name in self.used:
@@ -178,7 +181,7 @@ class Importer:
                 self._node(idx, node)
         outputs = {o.name: self.term(o.name) for o in self.graph.output}
         try:
-            return Program(outputs, dict(self.tensor_shapes), self.opaque_nodes,
+            return Program(outputs, dict(self.tensor_shapes), self.opaque_nodes, tensor_types=dict(self.tensor_types),
                            weights=frozenset(self.weights) - set(self.symbolic.generated))
         except ShapeError as e:       # an importer bug, but never a bare traceback
             raise ModelError(f"{file_prefix(self.label)}imported program is ill-shaped: {e}") from None
@@ -201,8 +204,9 @@ class Importer:
         v = self.env[name]
         return v if isinstance(v, Term) else self.constants.term(name, v.value)
 
-    def add_weight(self, name: str, array: np.ndarray) -> Term:
-        """Register a float32 weight (a fresh name if taken) and return its access-tensor."""
+    def add_weight(self, name: str, array: np.ndarray, typed: bool = False) -> Term:
+        """Register a weight as float32 (a fresh name if taken); its access-tensor. `typed`:
+        the model's value, keeping its float type; else an exact helper (indices, masks)."""
         base, k = name, 1
         while name in self.tensor_shapes:
             name, k = f"{base}_{k}", k + 1
@@ -210,6 +214,8 @@ class Importer:
         check_dims(self.label, f"value {base!r}", arr.shape)
         self.weights[name] = arr if arr.dtype == np.float32 else arr.astype(np.float32)
         self.tensor_shapes[name] = tuple(arr.shape)
+        if typed and arr.dtype.name in NUMPY_FLOATS:
+            self.tensor_types[name] = NUMPY_FLOATS[arr.dtype.name]
         return self.b.tensor(name)
 
     # ---- one node -------------------------------------------------------------------------

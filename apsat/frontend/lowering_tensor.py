@@ -57,15 +57,20 @@ def lower_identity(ctx):
 
 def lower_cast(ctx):
     """The language carries every value as float32 (integers exactly below 2**24, booleans
-    as 0/1), so a Cast that keeps the value passes through: to a float type, or from an
-    integer or boolean to an integer type. A Cast to bool is `nonzero`; float to integer
-    truncates toward zero (floor above 0, ceil below)."""
+    as 0/1) with an element type per float value (apsat/lang/dtypes.py). A Cast to a float
+    type is `(cast T)` where it changes the type (to f16 or bf16, or from one to f32), and
+    passes through otherwise; from an integer or boolean to an integer type it passes
+    through. A Cast to bool is `nonzero`; float to integer truncates toward zero (floor above
+    0, ceil below), from a half type after widening to f32 (its integers exact there)."""
     from onnx import TensorProto
 
     floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    half = {TensorProto.FLOAT16: 10, TensorProto.BFLOAT16: 16}
     to, source = ctx.attr("to", None), ctx.elem_type(0)
     if to in floats:
-        return [ctx.term(0)]
+        if to in half and source != to:
+            return [ctx.b.compute("cast", ctx.term(0), half[to])]
+        return [ctx.b.compute("cast", ctx.term(0), 1) if source in half and to not in half else ctx.term(0)]
     integral = source not in floats and source != 0
     if to == TensorProto.BOOL and source == TensorProto.BOOL:
         return [ctx.term(0)]
@@ -76,6 +81,7 @@ def lower_cast(ctx):
     if to not in (TensorProto.BOOL, TensorProto.STRING, 0) and source in floats:
         # float to integer truncates toward zero (out-of-range values are undefined in ONNX)
         x, b = ctx.term(0), ctx.b
+        x = b.compute("cast", x, 1) if source in half else x
         return [b.select(b.elementwise("greater-equal", [x, b.literal(0.0)]), b.compute("floor", x),
                          b.compute("ceil", x))]
     raise Unlowerable(f"Cast from element type {source} to {to} changes the value")

@@ -20,6 +20,11 @@ from apsat.frontend.limits import type_name
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
                onnx.TensorProto.BFLOAT16}
 HALF_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+# the language's element type of each ONNX float type and numpy float dtype (doubles are
+# computed in f32; apsat/lang/dtypes.py)
+ONNX_FLOATS = {onnx.TensorProto.FLOAT: "f32", onnx.TensorProto.DOUBLE: "f32",
+               onnx.TensorProto.FLOAT16: "f16", onnx.TensorProto.BFLOAT16: "bf16"}
+NUMPY_FLOATS = {"float32": "f32", "float64": "f32", "float16": "f16", "bfloat16": "bf16"}
 SKELETON_MAX_ELEMENTS = 4096   # larger float initializers reach checker/inference as inputs
 
 

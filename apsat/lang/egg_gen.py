@@ -11,6 +11,8 @@ SECTIONS[SECTION] (apsat/egraph/egglog_io.language_text does, on load):
                    entry, in registry order, its argument sorts from `signature`
   classification   the relations classifying compute operators and one rule per operator
                    asserting its facts, from `kind`, `arity`, `axis_needed`, `activation`
+  weight-keys      the weight-only analysis sibling merges read
+  types            the element-type analysis (`has-type`, apsat/lang/dtypes.py)
 
 Constructor order and names are the registry's, so the e-graph's tables (and so everything
 egglog does) are the same whether an op was written here by hand or generated.
@@ -135,8 +137,55 @@ WEIGHT_KEYS_HEAD = """\
 """
 
 
+TYPES_HEAD = """\
+; Element types (generated from the registry; apsat/lang/dtypes.py says what they mean):
+; (has-type e T) for T an ONNX element-type code (1 f32, 10 f16, 16 bf16). Exact values
+; (integers, booleans, literals) have none and take their partners'. Two types for one class
+; flag (type-conflict e), which the driver raises as a TypeMismatch, as it does a shape
+; conflict: so a rewrite whose sides differ in type, or a node whose operands do, is refused.
+(relation tensor-type (String i64))         ; set by the driver for every float tensor
+(relation opaque-type (String i64))         ; set by the driver: an opaque call's float type
+(relation has-type (Expr i64))
+(relation type-conflict (Expr))
+(relation keeps-type (ComputeOp))           ; the result has the operand's type
+(relation sets-type (ComputeOp i64))        ; the result has this type (a cast)
+(rule ((has-type e a) (has-type e b) (< a b)) ((type-conflict e)) :ruleset shapes :name "conflict-type")
+(rule ((= e (access-tensor nm)) (tensor-type nm t)) ((has-type e t)) :ruleset shapes)
+(rule ((= e (opaque nm args sh)) (opaque-type nm t)) ((has-type e t)) :ruleset shapes)
+(rule ((= o (cast t))) ((sets-type o t)) :ruleset shapes)
+(rule ((= o (chain f g)) (keeps-type f) (keeps-type g)) ((keeps-type o)) :ruleset shapes)
+(rule ((= o (chain f g)) (sets-type g t)) ((sets-type o t)) :ruleset shapes)
+(rule ((= o (chain f g)) (sets-type f t) (keeps-type g)) ((sets-type o t)) :ruleset shapes)
+(rule ((= e (compute o x)) (keeps-type o) (has-type x t)) ((has-type e t)) :ruleset shapes)
+(rule ((= e (compute o x)) (sets-type o t)) ((has-type e t)) :ruleset shapes)
+"""
+
+
+def types_text() -> str:
+    """The element-type analysis: the hand-written head, one `keeps-type` rule per compute
+    operator whose result has its operand's type, and one rule per typed Expr argument of
+    every other op (dtypes.typed_args) carrying the argument's type to the node."""
+    from apsat.lang.dtypes import EXACT, typed_args
+
+    rules = []
+    for spec in COMPUTE_OPS.values():
+        if spec.kind == "chain" or spec.name == "cast" or spec.name in EXACT:
+            continue
+        pattern = " ".join([spec.egg] + [f"p{i}" for i in range(len(spec.params))])
+        rules.append(f"(rule ((= o ({pattern}))) ((keeps-type o)) :ruleset shapes)")
+    for spec in OPS.values():
+        if spec.name in ("compute", "access-tensor", "opaque"):
+            continue
+        args = [f"a{i}" for i in range(len(spec.signature))]
+        for i in typed_args(spec.name, spec.signature):
+            rules.append(f"(rule ((= e ({spec.name} {' '.join(args)})) (has-type a{i} t)) "
+                         f"((has-type e t)) :ruleset shapes)")
+    return TYPES_HEAD + "\n".join(rules)
+
+
 SECTIONS = {"compute-ops": compute_ops_text, "exprs": exprs_text,
-            "classification": classification_text, "weight-keys": weight_keys_text}
+            "classification": classification_text, "weight-keys": weight_keys_text,
+            "types": types_text}
 
 
 def expand(text: str) -> str:

@@ -26,7 +26,8 @@ from collections import Counter
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from apsat.lang.ops import COMPUTE_OPS
+from apsat.lang.dtypes import F32, round_to
+from apsat.lang.ops import COMPUTE_OPS, OPS
 from apsat.lang.program import Program
 from apsat.lang.semantics import (EvaluationError, LazyCartesian, LazyPair, apply_compute,
                                   contract, dense, gather_indices, lazy_ok)
@@ -271,6 +272,7 @@ def evaluate(program: Program, tensors: dict, copy: bool = True):
     order = program.terms()
     uses, opaque_only = _consumers(program, order)
     ev = _Evaluation(program, tensors, opaque_only)
+    rounded = _rounded_terms(program, order)
     values: dict[Term, object] = {}
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):   # inf and NaN results are values
         for term in order:
@@ -280,6 +282,8 @@ def evaluate(program: Program, tensors: dict, copy: bool = True):
             if not getattr(fn, "lazy_ok", False):
                 vals = [dense(v) for v in vals]
             values[term] = fn(ev, term, vals)
+            if term in rounded:
+                values[term] = round_to(dense(values[term]), rounded[term])
             del vals
             for child in children:
                 uses[child] -= 1
@@ -287,6 +291,18 @@ def evaluate(program: Program, tensors: dict, copy: bool = True):
                     del values[child]
     results = {name: _result(values[t], program.shape_of(t), copy) for name, t in program.outputs.items()}
     return next(iter(results.values())) if len(results) == 1 else results
+
+
+def _rounded_terms(program: Program, order) -> dict[Term, str]:
+    """The terms whose values are rounded to a half type, and the type: the tensors (an
+    f16 tensor holds f16 values, whatever array the caller gives) and the nodes that
+    compute (apsat/lang/dtypes.py: computed in float32, rounded once). Views and copies
+    move values already rounded; f32 programs round nothing."""
+    if not program.tensor_types and not any(t.op == "compute" and t.args[0].op == "cast" for t in order):
+        return {}
+    computing = {name for name, spec in OPS.items() if spec.role in ("compute", "atom")} | {"access-tensor"}
+    return {t: program.dtype_of(t) for t in order
+            if t.op in computing and program.dtype_of(t) not in (None, F32)}
 
 
 def _result(value, shape, copy: bool = True) -> np.ndarray:

@@ -224,6 +224,9 @@ COMPUTE_OPS: dict[str, ComputeSpec] = {s.name: s for s in [
     # egg=: egglog 13.2 has f64 primitives `abs`, `floor` and `ceil` already
     ComputeSpec("abs", (), "map", "|x|.", ("Abs",), scalar=absolute(X), egg="abs-op", onnx_out="Abs"),
     ComputeSpec("reciprocal", (), "map", "1 / x.", ("Reciprocal",), scalar=recip(X), onnx_out="Reciprocal"),
+    ComputeSpec("cast", ("int",), "map", "Round to the element type coded by the parameter (ONNX's: 1 f32, "
+                "10 f16, 16 bf16); the result has that type (apsat/lang/dtypes.py).", ("Cast",),
+                scalar=call("round", X, param(0)), example=(10,), onnx_out="Cast to"),
     ComputeSpec("floor", (), "map", "Round toward -inf.", ("Floor",), scalar=floor(X), egg="floor-op", onnx_out="Floor"),
     ComputeSpec("ceil", (), "map", "Round toward +inf.", ("Ceil",), scalar=ceil(X), egg="ceil-op", onnx_out="Ceil"),
     ComputeSpec("cos", (), "map", "Cosine.", ("Cos",), scalar=cos(X), onnx_out="Cos"),

@@ -58,6 +58,14 @@ def _sigmoid(x):
     return np.where(x >= 0, 1 / (1 + z), z / (1 + z)).astype(np.float32)
 
 
+def _round(x, code):
+    """x rounded to the element type whose ONNX code is `code` (one value: a cast's
+    parameter), kept as float32 (apsat/lang/dtypes.py)."""
+    from apsat.lang.dtypes import code_name, round_to
+
+    return round_to(x, code_name(np.asarray(code).reshape(-1)[0]))
+
+
 def _pow(a, b):
     """C's powf elementwise. numpy's power takes a square root where the exponent is a
     scalar 0.5 (or one broadcast), which gives NaN at -inf and -0 at -0 where powf gives
@@ -137,6 +145,9 @@ PRIMITIVES: dict[str, Primitive] = {p.name: p for p in [
     Primitive("pow", 2, 4, _pow, "Pow",
               "C's powf: pow(x, +-0) = 1 and pow(1, y) = 1 (NaN included), pow(-1, +-inf) = 1, "
               "pow(-inf, 0.5) = inf, pow(-0, 0.5) = +0, pow(x < 0, non-integer) = NaN."),
+    Primitive("round", 2, 1, _round, "Cast",
+              "x rounded to nearest even in the element type coded by the second operand (1 f32, 10 f16, "
+              "16 bf16; a literal): overflow gives +-inf, NaN and +-0 stay."),
     Primitive("max", 2, 1, np.maximum, "Max",
               "NaN if either operand is NaN; the second operand on a tie (max(-0, +0) = +0).", _MAX),
     Primitive("min", 2, 1, np.minimum, "Min",

@@ -1,14 +1,17 @@
 """Program: a term DAG in the access-pattern language with everything needed to run it.
 
 A Program holds its output terms (by name), the shape of every tensor it names
-(`tensor_shapes`), and the ONNX nodes behind its opaque calls (`opaque_nodes`, keyed by the
-call's name). Shapes are checked when a Program is built, so a Program that exists is
-well-shaped; `shapes()` returns the access shape of every sub-term.
+(`tensor_shapes`), the element type of its float tensors (`tensor_types`: f32, f16 or bf16;
+a tensor absent from it holds exact values, integers or booleans; apsat/lang/dtypes.py), and
+the ONNX nodes behind its opaque calls (`opaque_nodes`, keyed by the call's name). Shapes and
+types are checked when a Program is built, so a Program that exists is well-shaped and
+well-typed; `shape_of(t)` and `dtype_of(t)` give any sub-term's.
 """
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, field
 
+from apsat.lang import dtypes
 from apsat.lang.ops import OPS, AccessShape
 from apsat.lang.term import Term, postorder
 from apsat.errors import ParseError, ShapeError, UsageError
@@ -73,6 +76,7 @@ class Program:
     weights: frozenset = frozenset()
     cost: float | None = None          # set by extractors: the cost of this choice
     extraction: dict | None = None     # set by extractors: method, seconds, notes
+    tensor_types: dict = field(default_factory=dict)   # tensor -> "f32" | "f16" | "bf16"
     # Shapes already known for the outputs' terms (Term -> AccessShape), e.g. extraction's
     # e-class shapes, which egglog derived and checked: taken as they are when they cover
     # every term, so the chosen program is not shaped a second time. Not stored as a field.
@@ -86,6 +90,25 @@ class Program:
             self._shapes = {t: known_shapes[t] for t in terms}
         else:
             self._shapes = infer_shapes(self.outputs.values(), self.tensor_shapes)
+        self.tensor_types = {k: v for k, v in self.tensor_types.items() if v is not None}
+        self._dtypes = dtypes.infer(self._shapes, self.tensor_types, lambda op: OPS[op].signature,
+                                    self._opaque_type)
+
+    def _opaque_type(self, term: Term):
+        """An opaque call's element type: its ONNX node output's, when a float type."""
+        node = self.opaque_nodes.get(term.args[0])
+        return dtypes.NAMES.get(node.output_type) if node is not None else None
+
+    def dtype_of(self, term: Term) -> str | None:
+        """Element type of any sub-term: "f32", "f16", "bf16", or None for exact values
+        (integers, booleans, literals), which are carried as float32."""
+        return self._dtypes[term]
+
+    def float_type(self) -> str:
+        """The model's float type: the one float type its tensors have ("f32" when none
+        or several)."""
+        found = set(self.tensor_types.values())
+        return found.pop() if len(found) == 1 else dtypes.F32
 
     @property
     def root(self) -> Term:

@@ -107,6 +107,8 @@ class ComputeSpec:
                 position of the rest (n-ary operators are)
     evaluate    reference semantics `fn(x, n_iter, params)` (apsat/lang/semantics.py);
                 element-wise kinds default to their formula's
+    example     parameters valid for it, for tests and examples (default: 0.5 for a float,
+                3 for an int); an operator whose int means something (cast's type code) says
     egg         egglog constructor name, where egglog has the name already (sqrt)
     onnx_out    the ONNX op the exporter writes over the operands: `Op`, then per literal
                 parameter the attribute it sets (`LeakyRelu alpha`), or `+` for parameters
@@ -130,6 +132,7 @@ class ComputeSpec:
     local: bool | None = None
     first_axis: bool | None = None
     evaluate: Callable | None = None
+    example: tuple = ()
     egg: str = ""
     onnx_out: str = ""
 
@@ -167,6 +170,10 @@ class ComputeSpec:
         if self.evaluate is None:
             out["evaluate"] = map_evaluator(f) if self.kind == "map" else nary_evaluator(f, self.arity == 0)
         return out
+
+    def example_params(self) -> tuple:
+        """Parameters valid for this operator (`example`, else 0.5 per float, 3 per int)."""
+        return self.example or tuple(0.5 if k == "float" else 3 for k in self.params if k != "compute-op")
 
     def item_shape(self, params: tuple, item: tuple) -> tuple:
         """The result item dims over an item of dims `item` (ShapeError if it does not fit)."""
