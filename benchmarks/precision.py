@@ -80,15 +80,52 @@ def row(name: str, zoo: str, path, elem_name: str) -> dict:
         return {"model": name, "type": elem_name, "status": "invalid", "seconds": time.perf_counter() - start,
                 "why": str(e).splitlines()[0][:90]}
     try:
-        v = optimize(proto, target="gpu", **kw).report["verification"]
+        result = optimize(proto, target="gpu", **kw)
+        v = result.report["verification"]
+        exported = export_check(proto, result, kw.get("inputs"))
     except Exception as e:       # the row says what failed
         return {"model": name, "type": elem_name, "status": f"{type(e).__name__}: {str(e).splitlines()[0][:90]}",
                 "seconds": time.perf_counter() - start}
     oracle = ("float64, f32 copy stands in" if "stands in" in v["oracle"] else
               "float64" if v["oracle"].startswith("float64") else "fixed (" + v["oracle"].split(" (")[0] + ")")
-    return {"model": name, "type": elem_name, "status": "ok" if v["ok"] else "FAILED", "oracle": oracle,
+    ok = v["ok"] and exported["f32_left"] == 0 and exported.get("ok", True)
+    return {"model": name, "type": elem_name, "status": "ok" if ok else "FAILED", "oracle": oracle,
             "err_apsat": v.get("err_apsat"), "err_ort": v.get("err_ort"), "seconds": time.perf_counter() - start,
-            "max_rel": float(np.float64(v["max_rel_err"]))}
+            "max_rel": float(np.float64(v["max_rel_err"])), **exported}
+
+
+def export_check(proto, result, inputs) -> dict:
+    """The export of `result`: how many float32 weights, inputs and outputs it holds, and
+    (where onnxruntime runs the type) its largest difference from the original model in
+    onnxruntime on the same inputs, scaled by the output's largest value, judged by the
+    half-type tolerance (apsat.pipeline.verify.half_tolerance)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto
+
+    from apsat.pipeline.export import export_result
+    from apsat.pipeline.verify import half_tolerance
+    from apsat.pipeline.zoo import random_inputs
+
+    out, _, _ = export_result(result)
+    ios = list(out.graph.input) + list(out.graph.output)
+    f32 = sum(t.data_type == TensorProto.FLOAT for t in out.graph.initializer) + \
+        sum(v.type.tensor_type.elem_type == TensorProto.FLOAT for v in ios)
+    row = {"f32_left": f32, "export_nodes": len(out.graph.node)}
+    feeds = inputs if inputs is not None else random_inputs(result.model, 0)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    try:
+        runs = [ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+                for m in (proto, out)]
+        want, got = (s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()}) for s in runs)
+    except Exception as e:  # noqa: BLE001 - onnxruntime's CPU has no kernel for the type
+        row["export_diff"] = f"not run: {str(e).splitlines()[0][:60]}"
+        return row
+    diff = max(float(np.abs(np.float64(a) - np.float64(b)).max() / max(1.0, float(np.abs(np.float64(a)).max())))
+               for a, b in zip(want, got))
+    row["export_diff"], row["ok"] = diff, diff <= half_tolerance(result.program.float_type())
+    return row
 
 
 def _e(x) -> str:
@@ -102,13 +139,17 @@ def main(argv=None) -> int:
     ap.add_argument("--types", default=",".join(TYPES))
     args = ap.parse_args(argv)
     rows = []
-    print(f"{'model':20} {'type':9} {'status':8} {'oracle':28} {'err apsat':>10} {'err ort':>10} {'s':>6}")
+    print(f"{'model':20} {'type':9} {'status':8} {'oracle':28} {'err apsat':>10} {'err ort':>10} "
+          f"{'f32 left':>8} {'export diff':>11} {'s':>6}")
     for name, zoo, path in models(args.filters, args.zoo):
         for elem_name in args.types.split(","):
             r = row(name, zoo, path, elem_name)
             rows.append(r)
+            diff = r.get("export_diff")
+            diff = _e(diff) if not isinstance(diff, str) else "not run"
             print(f"{name:20} {elem_name:9} {r['status'][:60]:8} {r.get('oracle', ''):28} "
-                  f"{_e(r.get('err_apsat')):>10} {_e(r.get('err_ort')):>10} {r['seconds']:6.1f}", flush=True)
+                  f"{_e(r.get('err_apsat')):>10} {_e(r.get('err_ort')):>10} {r.get('f32_left', '-'):>8} "
+                  f"{diff:>11} {r['seconds']:6.1f}", flush=True)
     ok = sum(r["status"] == "ok" for r in rows)
     valid = [r for r in rows if r["status"] != "invalid"]
     print(f"verified: {ok} of {len(valid)} valid models ({len(rows) - len(valid)} conversions are no valid "

@@ -48,13 +48,14 @@ def widened(value):
 
 def narrow_float_notice(proto) -> list[str]:
     """A notice where the model's weights, inputs or outputs are float16 or bfloat16: apsat
-    computes in float32 (their values widened exactly), verifies against a float64 run
-    with onnxruntime's error in the model's type as the bar, and exports float32 weights."""
+    computes and exports them in their type (apsat/lang/dtypes.py) and verifies against a
+    float64 run with the type's tolerance (apsat.pipeline.verify.HALF_ULPS)."""
     narrow = half_float_types(proto)
     if not narrow:
         return []
-    return [f"the model holds {' and '.join(narrow)} values: apsat computes them in float32 and exports "
-            "float32 weights; verification measures apsat and onnxruntime against a float64 run"]
+    return [f"the model holds {' and '.join(narrow)} values: apsat computes them in their type (each node "
+            "rounded once, products and reductions accumulating in float32) and exports them in it; "
+            "verification allows 8 ulps of the type against a float64 run"]
 
 
 def file_prefix(label: str) -> str:

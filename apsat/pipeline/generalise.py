@@ -78,7 +78,8 @@ class General:
         if any(d <= 0 for dims in shapes.values() for d in dims):
             raise ShapeError(f"a tensor has no elements at {values}")
         program = Program({n: rebuilt[t] for n, t in self.program.outputs.items()}, shapes,
-                          self.program.opaque_nodes, self.program.weights)
+                          self.program.opaque_nodes, self.program.weights,
+                          tensor_types=self.program.tensor_types)
         new_weights = dict(weights)
         for name, (kind, *how) in self.fills.items():
             if kind == "range":

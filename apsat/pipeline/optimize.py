@@ -373,7 +373,7 @@ def _verify(m, program, backend, lowered, report, given, seed, tell, seconds, ve
     oracle run, float32 and float64, for both); the first goes to report["verification"],
     the second to report[backend.name][backend.run_key]. Returns the backend's outputs
     (None when it did not run)."""
-    from apsat.pipeline.verify import judge, run_oracle, verify_program
+    from apsat.pipeline.verify import judge, output_types, run_oracle, verify_program
     from apsat.pipeline.zoo import random_inputs
 
     inputs = given if given is not None else random_inputs(m, seed)
@@ -387,5 +387,5 @@ def _verify(m, program, backend, lowered, report, given, seed, tell, seconds, ve
         report[backend.name][backend.run_key] = {"skipped": skipped}
         return None
     got = _timed(f"{backend.name} run", tell, seconds, backend.run, lowered, {**m.weights, **inputs})
-    report[backend.name][backend.run_key] = judge(oracle, got).to_dict()
+    report[backend.name][backend.run_key] = judge(oracle, got, types=output_types(program)).to_dict()
     return got

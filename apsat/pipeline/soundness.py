@@ -55,7 +55,8 @@ def sample_members(eg, root: str, samples: int = 20) -> list[Program]:
             check_extraction(graph, choice, [cls])
         except InvalidExtraction:
             continue  # this member only exists through a cycle
-        out.append(Program({"out": decode(graph, choice, [cls])[cls]}, dict(eg.tensor_shapes)))
+        out.append(Program({"out": decode(graph, choice, [cls])[cls]}, dict(eg.tensor_shapes),
+                           tensor_types=dict(eg.tensor_types)))
     return out
 
 
@@ -289,7 +290,8 @@ class _Members:
     def evaluate(self, term: Term, tensors: dict, values: dict) -> np.ndarray:
         shapes = {**self.program.tensor_shapes, **self.shapes}
         fed = {f"__class_{c}": values[c] for c in self.leaves}
-        return np.asarray(evaluate(Program({"out": term}, shapes, self.program.opaque_nodes), {**tensors, **fed}))
+        program = Program({"out": term}, shapes, self.program.opaque_nodes, tensor_types=self.program.tensor_types)
+        return np.asarray(evaluate(program, {**tensors, **fed}))
 
 
 def _pick(mem: _Members, cls: str, ops: set, rng, members: int) -> tuple[Term | None, list[Term]]:
@@ -326,7 +328,8 @@ def _check_sites(mem: _Members, sites: dict, tensors: dict, rng, members: int) -
     program = mem.program
     plans = [(cls, rule, *_pick(mem, cls, ops, rng, members)) for cls, (rule, ops) in sites.items()]
     needed = {c: mem.original[c] for c in [*mem.leaves, *(p[0] for p in plans)] if c in mem.original}
-    values = evaluate(Program(needed, program.tensor_shapes, program.opaque_nodes), tensors) if needed else {}
+    values = evaluate(Program(needed, program.tensor_shapes, program.opaque_nodes,
+                              tensor_types=program.tensor_types), tensors) if needed else {}
     values = values if isinstance(values, dict) else {next(iter(needed)): values}
     compared = skipped = 0
     for cls, rule, ref, picked in plans:

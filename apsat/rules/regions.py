@@ -214,8 +214,10 @@ def saturate_regions(eg, program: Program, run_plan) -> dict:
             it, item = program.shape_of(t)
             shapes[PLACEHOLDER.format(j, i)] = it + item
     teg = EGraph(target=eg.target)
+    types = {PLACEHOLDER.format(j, i): program.dtype_of(t)
+             for j, reg in enumerate(distinct.values()) for i, t in enumerate(reg.inputs)}
     tprog = Program({f"r{j}": r.template_root for j, r in enumerate(distinct.values())}, shapes,
-                    program.opaque_nodes)
+                    program.opaque_nodes, tensor_types={**program.tensor_types, **types})
     troots = teg.add_outputs(tprog)
     report = run_plan(teg)
     data = teg.serialize()

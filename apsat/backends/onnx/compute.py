@@ -91,6 +91,10 @@ def _without_neutral(op, vals: list, shape: tuple):
 
 def _apply(b: Builder, op, names: list) -> str:
     spec = COMPUTE_OPS[op.op]
+    if op.op == "cast":         # rounded to the type; kept there only in the export's own type
+        to = int(op.args[0])
+        out = b.op("Cast", names, to=to)
+        return out if to in (b.float_type, TensorProto.FLOAT) else b.op("Cast", [out], to=TensorProto.FLOAT)
     if not spec.onnx_out:
         reading = fm.Reading(lambda c: b.const(np.float32(c)), lambda fn, *xs: _call(b, fn, xs),
                              lambda kind, *xs: _compare(b, kind, xs), lambda c, x, y: b.op("Where", [c, x, y]))

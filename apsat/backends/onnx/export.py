@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from apsat.backends.onnx.retype import retype
+from apsat.lang.dtypes import CODES
 from apsat.backends.onnx.compute import OPSET
 from apsat.backends.onnx.external import reading
 from apsat.backends.onnx.fuse import fuse
@@ -29,6 +31,7 @@ from apsat.backends.onnx.walk import Walk
 from apsat.lang.ops import OPS
 
 CONTRIB = "com.microsoft"
+HALF_TYPES = ("f16", "bf16")
 IR_VERSION = 10
 
 
@@ -46,6 +49,7 @@ def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(
     program has a term ONNX cannot express."""
     _refuse_hardware(program)
     b = Builder(arrays)
+    b.float_type = CODES[program.float_type()]
     src = model.onnx.graph
     types = {v.name: v.type.tensor_type.elem_type for v in list(src.input) + list(src.output)}
     consts = fold_weights(program, model.weights, varying)
@@ -57,7 +61,8 @@ def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(
     for name, term in program.outputs.items():
         v = walk.vals[term]
         value = dense(b, as_val(b, v))
-        outputs.append(_output(b, name, value, types.get(name, TensorProto.FLOAT), walk.shape(term)))
+        elem = types.get(name, TensorProto.FLOAT)
+        outputs.append(_output(b, name, value, elem, walk.shape(term), CODES.get(program.dtype_of(term)) == elem))
     inputs = [helper.make_tensor_value_info(n, types[n], program.tensor_shapes[n])
               for n in leaves.graph_inputs(src)]
     graph = helper.make_graph(b.nodes, src.name or "apsat", inputs, outputs, list(b.initializers.values()))
@@ -69,6 +74,8 @@ def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(
         owner = {**program.outputs, **walk.owner}
         fuse(out, Planned(owner, _stored(program) if stored is None else stored))
     tidy(out.graph)
+    if program.float_type() in HALF_TYPES:
+        retype(out, OPSET, CODES[program.float_type()])
     if CONTRIB not in _domains(out.graph):
         out.opset_import.pop()
     for key, value in (metadata or {}).items():
@@ -113,10 +120,11 @@ def _domains(graph) -> set:
     return {n.domain for n in graph.node if n.domain}
 
 
-def _output(b: Builder, name: str, value: str, elem: int, dims) -> onnx.ValueInfoProto:
+def _output(b: Builder, name: str, value: str, elem: int, dims, typed: bool = False) -> onnx.ValueInfoProto:
     """The graph output `name`: the value renamed (its producer writes `name`), cast back
-    to the original element type where that is not float."""
-    if elem != TensorProto.FLOAT:
+    to the original element type where that is not float and the value is not `typed`
+    (computed in that type: retype gives it)."""
+    if elem != TensorProto.FLOAT and not typed:
         value = b.op("Cast", [value], to=elem)
     b.nodes.append(helper.make_node("Identity", [value], [name], name=f"{name}_out"))
     return helper.make_tensor_value_info(name, elem, list(dims))
@@ -150,7 +158,9 @@ class _Leaves:
         return self._opaque(t, kids)
 
     def _as_float(self, name: str) -> str:
-        if self.types.get(name, TensorProto.FLOAT) == TensorProto.FLOAT:
+        """The input as the walk computes on it: float32, or its own half type where the
+        program computes in it (retype carries that type on)."""
+        if self.types.get(name, TensorProto.FLOAT) in (TensorProto.FLOAT, CODES.get(self.p.tensor_types.get(name))):
             return name
         if name not in self._float:
             self._float[name] = self.b.cast(name, TensorProto.FLOAT, self.types[name])
@@ -170,7 +180,7 @@ class _Leaves:
         self.b.nodes.append(helper.make_node(node.op_type, inputs, outs, name=outs[0],
                                              domain=node.domain or None, **_attrs(node)))
         out = outs[spec.output_index]
-        if spec.output_type != TensorProto.FLOAT:
+        if spec.output_type not in (TensorProto.FLOAT, CODES.get(self.p.dtype_of(t))):
             out = self.b.op("Cast", [out], to=TensorProto.FLOAT)
         return tensor_val(out, tuple(dims))
 

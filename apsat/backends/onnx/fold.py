@@ -42,7 +42,8 @@ def fold_weights(program: Program, weights: dict, varying=frozenset()) -> dict[T
     order = sorted(frontier, key=id)
     outs = {f"w{i}": t for i, t in enumerate(order)}
     shapes = {t: program.shape_of(t) for t in program.terms()}
-    sub = Program(outs, program.tensor_shapes, program.opaque_nodes, program.weights, known_shapes=shapes)
+    sub = Program(outs, program.tensor_shapes, program.opaque_nodes, program.weights, known_shapes=shapes,
+                  tensor_types=program.tensor_types)
     needed = {n: weights[n] for n in sub.tensor_names()}
     values = evaluate(sub, needed, copy=False)     # read only: broadcasts stay views
     if len(outs) == 1:

@@ -88,6 +88,9 @@ class Builder:
         # goes here (the export of a model past protobuf's 2 GB: apsat.backends.onnx.external).
         self.arrays = arrays
         self.domains: set[str] = set()
+        # the element type values are written in: float32, or the program's half type,
+        # which apsat/backends/onnx/retype.py gives the graph once it is written
+        self.float_type = TensorProto.FLOAT
         self._count = 0
         self._shared: dict[bytes, str] = {}
         self._reshaped: dict[str, tuple] = {}     # Reshape output -> (its input, input dims)

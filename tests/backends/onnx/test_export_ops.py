@@ -17,7 +17,7 @@ from apsat.backends.onnx import ExportError, export_onnx
 from apsat.lang.ops import COMPUTE_OPS
 from apsat.pipeline.verify import compare
 
-PARAMS = {"clip": "-0.5 0.5", "leaky-relu": "0.1", "hard-sigmoid": "0.2 0.5", "elu": "1.0",
+PARAMS = {"cast": "10", "clip": "-0.5 0.5", "leaky-relu": "0.1", "hard-sigmoid": "0.2 0.5", "elu": "1.0",
           "selu": "1.67 1.05"}
 SHAPES = {"a": (4, 5), "b": (4, 5), "c": (4, 5)}
 
