@@ -40,6 +40,11 @@ UNIT_ROUNDOFF = {F32: 2.0 ** -24, F16: 2.0 ** -11, BF16: 2.0 ** -8}
 # compute operators whose result is exact (0 or 1, or an index), whatever the operands' type
 EXACT = frozenset({"equal", "less", "less-equal", "greater", "greater-equal", "logical-and",
                    "logical-or", "logical-xor", "logical-not", "nonzero", "is-nan"})
+# compute operators `--precision mixed` keeps in float32 (as torch's autocast does): the
+# statistics of softmax and the norms, sums and means (long accumulations), and the maps
+# whose relative error grows with their argument (exp, log, pow) or near zero (division)
+MIXED_FLOAT32 = frozenset({"softmax", "layer-norm", "rms-norm", "lrn", "reduce-sum", "reduce-mean", "exp",
+                           "log", "elementwise-pow", "elementwise-div", "reciprocal", "softplus", "mish"})
 # Expr argument positions that hold indices, not values of the op's type
 INDEX_ARGS = {"access-gather": (1,)}
 

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from apsat.pipeline.outcome import first_report
+from apsat.pipeline.precision import bound, check_request, facts, half_type, judged
 from apsat.lang.program import Program
 from apsat.errors import ApsatError, InternalError, is_internal
 from apsat.pipeline.internal import PhaseTracker
@@ -117,7 +119,8 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
              regions: bool | None = None, lowering: dict | None = None,
              verify_backend: bool | None = None, input_shapes: dict | None = None,
              inputs=None, memory_limit: float | None = None, check_rules: bool = True,
-             representatives: dict | None = None) -> OptimizeResult:
+             representatives: dict | None = None, precision: str | None = None,
+             max_error: float | None = None) -> OptimizeResult:
     """Optimise an ONNX model (a path, a ModelProto or a loaded Model) for `target`:
     import, saturate, extract, lower with the target's backend, verify.
 
@@ -153,6 +156,9 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
         so that to_onnx keeps the symbolic dims.
     inputs: what verification runs on instead of seeded random inputs: name -> array, or
         the path of an .npz with one array per input (apsat.pipeline.inputs.load_inputs).
+    precision: "fp16", "bf16" or "mixed" lets the rules compute a float32 model in a half
+        type (apsat.pipeline.precision); the result is always measured against the float32
+        original and refused (PrecisionError) past `max_error` (default: 8 ulps of the type).
 
     Bad input raises an ApsatError. Any other exception (a bug in apsat: RecursionError,
     KeyError, AssertionError, MemoryError ...) raises apsat.errors.InternalError, which is
@@ -164,7 +170,8 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
               "memory_limit": memory_limit}
     try:
         return _optimize(model, target, rules, extractor, verify, seed, phases, regions, lowering,
-                         verify_backend, (input_shapes, representatives), inputs, check_rules, limits)
+                         verify_backend, (input_shapes, representatives), inputs, check_rules, limits,
+                         (precision, max_error))
     except BaseException as exc:
         if isinstance(exc, InternalError) or not is_internal(exc):
             raise
@@ -172,7 +179,7 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
 
 
 def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowering,
-              verify_backend, input_shapes, inputs, check_rules, limits) -> OptimizeResult:
+              verify_backend, input_shapes, inputs, check_rules, limits, precision) -> OptimizeResult:
     """optimize's pipeline, each phase told to `tell` (a PhaseTracker) as it starts."""
     # "setup" (parsing the target, choosing its backend and the imports both pull in) is
     # timed like the phases, so that report["seconds"] adds up to the whole call
@@ -190,8 +197,13 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
     from apsat.pipeline.plan import into_extraction, plan, price_of
 
     shapes, representatives = input_shapes
+    lower = half_type(precision[0]) is not None
     m, eg, handles, loaded = _load(model, target, tell, seconds, shapes or given_shapes(inputs, model),
-                                   representatives, seed if verify and inputs is None else None, not rules)
+                                   representatives, seed if verify and inputs is None else None,
+                                   not rules and not lower)
+    if lower or precision[1] is not None:
+        check_request(*precision, target, m.program)
+        eg.load_text(facts(precision[0]), what=f"setting the facts of precision {precision[0]}")
     given = _given_inputs(inputs, m)
     saturation = _saturate(eg, m, rules, regions, tell, seconds, **limits)
     rule_check = _check_rules(eg, m, check_rules, given, seed, tell, seconds) if rules else None
@@ -201,15 +213,18 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
                                        lowering or {})
     before = _timed("price before", tell, seconds, price_of, backend, m.program, tgt, m.weights,
                     lowering or {}, extracted, planned) if planned else None
-    report = _report(m, target, rules, program, eg, loaded, saturation, seconds)
+    report = first_report(m, target, rules, program, eg, loaded, saturation, seconds)
     held, eg = [eg], None       # its last reference: the e-graph is let go inside the why phase
     report["why"] = _timed("why", tell, seconds, _why, held, m, program, candidates)
     into_extraction(report["extraction"], planned, before)
     report.update({"limits": limits}, **({"rule_check": rule_check} if rule_check else {}))
     report[backend.name] = lowered.report
     outputs = None
-    if verify:
-        outputs = _verify(m, program, backend, lowered, report, given, seed, tell, seconds, verify_backend)
+    if verify or lower:     # a lower precision is always measured against its bound
+        outputs = _verify(m, program, backend, lowered, report, given, seed, tell, seconds,
+                          verify_backend if verify else False, bound(*precision) if lower else None)
+        if lower:
+            report["precision"] = judged(*precision, report["verification"], program)
     general = None
     if m.symbols:
         from apsat.pipeline.dynamic import dynamic_report, fold_into
@@ -345,41 +360,21 @@ def _extract(eg, handles, extractor):
     return extract_candidates(eg, handles, method=extractor)
 
 
-def _report(m, target, rules, program, eg, loaded, saturation, seconds) -> dict:
-    nodes_loaded, classes_loaded, cost_before = loaded
-    nodes, classes = eg.size()
-    return {
-        "model": str(getattr(m, "path", "") or ""),
-        "target": target,
-        "rules": list(rules or []),
-        "ops_before": m.source_op_counts(),
-        "ops_after": program.op_counts(),
-        "egraph": {"nodes_loaded": nodes_loaded, "classes_loaded": classes_loaded,
-                   "nodes": nodes, "classes": classes},
-        "saturation": saturation,
-        "extraction": {**(program.extraction or {}), "dag_cost": program.cost,
-                       "dag_cost_before": cost_before,
-                       "modelled_speedup": cost_before / program.cost if program.cost else None},
-        "opaque_calls": sorted(program.opaque_nodes),
-        "opaque_ops": m.opaque_ops(),
-        "notices": list(getattr(m, "notices", [])),
-        "seconds": seconds,
-    }
-
-
-def _verify(m, program, backend, lowered, report, given, seed, tell, seconds, verify_backend):
+def _verify(m, program, backend, lowered, report, given, seed, tell, seconds, verify_backend, limit=None):
     """Judge the program (reference interpreter) and, where it runs, the backend's lowered
     form against the original model on the same seeded inputs (apsat.pipeline.verify: one
     oracle run, float32 and float64, for both); the first goes to report["verification"],
     the second to report[backend.name][backend.run_key]. Returns the backend's outputs
-    (None when it did not run)."""
+    (None when it did not run). `limit`: a lower precision's error bound, the absolute part
+    of both rules."""
     from apsat.pipeline.verify import judge, output_types, run_oracle, verify_program
     from apsat.pipeline.zoo import random_inputs
 
     inputs = given if given is not None else random_inputs(m, seed)
     oracle = _timed("oracle", tell, seconds, run_oracle, m.onnx, inputs, m.external)
+    tol = {} if limit is None else {"rtol": limit, "atol": limit, "floor": limit}
     report["verification"] = _timed("verify", tell, seconds,
-                                    lambda: verify_program(m, program, inputs, oracle=oracle).to_dict())
+                                    lambda: verify_program(m, program, inputs, oracle=oracle, **tol).to_dict())
     # run_skipped may import torch to look for a GPU (~0.8 s): a phase of its own
     skipped = None if verify_backend else (_timed("backend check", tell, seconds, backend.run_skipped)
                                            if verify_backend is None else "not asked")
@@ -387,5 +382,5 @@ def _verify(m, program, backend, lowered, report, given, seed, tell, seconds, ve
         report[backend.name][backend.run_key] = {"skipped": skipped}
         return None
     got = _timed(f"{backend.name} run", tell, seconds, backend.run, lowered, {**m.weights, **inputs})
-    report[backend.name][backend.run_key] = judge(oracle, got, types=output_types(program)).to_dict()
+    report[backend.name][backend.run_key] = judge(oracle, got, types=output_types(program), **tol).to_dict()
     return got
