@@ -45,9 +45,9 @@ import re
 
 from apsat.backends.gpu import tiling
 from apsat.backends.gpu.attention import expansion as attention_expansion
-from apsat.backends.gpu.emit import used_vars
 from apsat.backends.gpu.epilogue import epilogue_path, invert_path
 from apsat.backends.gpu.expr import flat, value_nodes, var
+from apsat.backends.gpu.folds import row_stats
 from apsat.backends.gpu.graph import HALF, Buffer, HostStep, Kernel, KernelGraph
 from apsat.backends.gpu.inline import Inlining, is_kernel_op
 from apsat.backends.gpu.regions import ROW_NORMALISATIONS, covered_ops, natural
@@ -201,7 +201,7 @@ class _Lowering:
         if biggest >= 2 ** 31:
             raise Unsupported(f"a buffer of {biggest:,} elements needs 64-bit indexing, "
                               "which the generated kernels do not use")
-        kernel.stats = _row_stats(kernel, vals)
+        kernel.stats = row_stats(kernel, vals)
         typed = out_term if typed is None else typed
         out = self._new_buffer(out_dims, "kernel", dtype=self._dtype(typed) if typed is not None else None)
         if out_term is not None:
@@ -370,24 +370,6 @@ class _Lowering:
             per = 1 + _ops(values["elem"]) + (2 if spec["op"] in ROW_NORMALISATIONS else 0)
             k.flops = float(a["r"] * a["c"] * per + _ops(value) * out_elems)
         self._finish(k, vals, out_term, out_dims)
-
-
-_ROW_VARS = re.compile(r"[bms]\d+")
-
-
-def _row_stats(kernel: Kernel, vals: Values) -> list:
-    """The RowStats of the norms kernel's values read inline (folds.normalised), in
-    order; NeedsBuffer where the kernel cannot compute them before its main loop."""
-    stats = list(vals.stats.values())
-    for st in stats:
-        if kernel.kind != "gemm":
-            raise NeedsBuffer(st.term, f"a {kernel.kind} kernel reads {st.op} inline")
-        cross = sorted(v for v in used_vars(st.elem) if not _ROW_VARS.fullmatch(v))
-        if cross:
-            raise NeedsBuffer(st.term, f"{st.op}'s rows vary along {', '.join(cross)}")
-        kernel.flops += 3.0 * math.prod(st.cols) * math.prod(
-            math.prod(d) for g, d in kernel.axes.items() if g in "bm")
-    return stats
 
 
 def _onnx_op(program, t: Term) -> str:
