@@ -11,11 +11,17 @@ roofline's; OUT/measurements.json collects them in the form benchmarks/calibrate
 fits. With --tune, every kernel shape this GPU's tuning cache lacks is searched first
 (apsat/backends/gpu/profile.py; at most --limit candidates each) and recorded there.
 
+Half precision: NAME_fp16 is model NAME converted to float16 by onnxruntime's own tool
+(gpu_models.half); --fp16 adds NAME_fp16 after every model named, and a last table sets each
+fp16 row beside its fp32 one (apsat's Triton kernels, torch.compile, the modelled time).
+--budget SECONDS starts no model after that much time, and stops a model (its row says so)
+that would run past it.
+
 Without a GPU (or with --cpu) the apsat columns run under the Triton interpreter: use the
 test-sized models (--small); the times then say nothing about a GPU, and the tables say so.
 
 Usage:
-  python benchmarks/gpu.py [MODEL ...] [--small] [--tune] [--limit 8] [--iters 50]
+  python benchmarks/gpu.py [MODEL ...] [--small] [--fp16] [--budget S] [--tune] [--limit 8] [--iters 50]
          [--compile-mode max-autotune-no-cudagraphs|default|none] [--skip torch ort] [--out DIR]
   python benchmarks/gpu.py --table DIR      print the tables of an earlier run
 """
@@ -49,8 +55,9 @@ def _child(name: str, opts, queue):
     queue.put(json.dumps(row, default=float))
 
 
-def run_model(name: str, opts) -> dict:
-    """gpu_bench.measure(name) in a fresh process, or its failure as a row."""
+def run_model(name: str, opts, timeout: float | None = None) -> dict:
+    """gpu_bench.measure(name) in a fresh process (stopped after `timeout` seconds), or
+    its failure as a row."""
     if not opts.isolate:
         import gpu_bench
 
@@ -59,7 +66,11 @@ def run_model(name: str, opts) -> dict:
     queue = ctx.Queue()
     proc = ctx.Process(target=_child, args=(name, opts, queue))
     proc.start()
-    proc.join()
+    proc.join(timeout)
+    if proc.is_alive():           # past the time budget: the row says so
+        proc.terminate()
+        proc.join()
+        return {"model": name, "error": f"stopped: past the time budget ({timeout:.0f} s left for it)"}
     return json.loads(queue.get()) if not queue.empty() else {"model": name, "error": f"crashed (exit {proc.exitcode})"}
 
 
@@ -134,12 +145,35 @@ def print_targets(rows: list[dict]) -> None:
             print(f"target {model}: {base} / apsat = {ratio:.2f} (target >= {TARGET_RATIO[base]:.1f}): {verdict}")
 
 
+def print_precision(rows: list[dict]) -> None:
+    """Each NAME_fp16 row beside NAME's: ms of apsat's Triton kernels and of torch.compile,
+    and the modelled time, in fp32 and fp16, with fp32 / fp16 (the speed-up)."""
+    import gpu_models
+
+    by = {r["model"]: r for r in rows if "ms" in r}
+    pairs = [(n.removesuffix(gpu_models.HALF_SUFFIX), n) for n in by if n.endswith(gpu_models.HALF_SUFFIX)]
+    pairs = [(a, b) for a, b in pairs if a in by]
+    if not pairs:
+        return
+    cols = [("triton", lambda r: r["ms"].get("triton")), ("compile", lambda r: r["ms"].get("compile")),
+            ("modelled", lambda r: r.get("modelled_ms"))]
+    print(f"\n{'model':20} " + " ".join(f"{c + ' fp32':>14} {c + ' fp16':>14} {'x':>6}" for c, _ in cols))
+    for a, b in pairs:
+        cells = []
+        for _, get in cols:
+            x, y = get(by[a]), get(by[b])
+            cells.append(f"{_ms(x):>14} {_ms(y):>14} " + (f"{x / y:6.2f}" if x and y else f"{'-':>6}"))
+        print(f"{a:20} " + " ".join(cells))
+    print("fp16: the model converted by onnxruntime's float16 tool; x: fp32 / fp16 (> 1: fp16 faster)")
+
+
 def print_tables(rows: list[dict]) -> None:
     devices = sorted({r["device"] for r in rows if "device" in r})
     print(f"device: {', '.join(devices) or 'none'}")
     print_models(rows)
     print_kernels(rows)
     print_targets(rows)
+    print_precision(rows)
     if not any(d.startswith("NVIDIA") for d in devices):
         print("No NVIDIA GPU: the kernels ran under the Triton interpreter on the CPU; these times say "
               "nothing about a GPU.")
@@ -151,6 +185,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*")
     ap.add_argument("--small", action="store_true", help="the test-sized models (for the interpreter)")
+    ap.add_argument("--fp16", action="store_true", help="also each model in float16 (NAME_fp16)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds: no model starts, or runs, past it")
     ap.add_argument("--cpu", action="store_true", help="the interpreter even where a GPU is present")
     ap.add_argument("--tune", action="store_true", help="search the tiles of shapes the tuning cache lacks")
     ap.add_argument("--limit", type=int, default=8, help="candidates per searched kernel shape")
@@ -166,16 +202,22 @@ def main(argv=None) -> int:
         print_tables([json.loads(p.read_text()) for p in sorted((opts.table / "rows").glob("*.json"))])
         return 0
     names = opts.models or (gpu_models.SMALL if opts.small else gpu_models.all_names())
-    unknown = [n for n in names if n not in gpu_models.all_names() + gpu_models.SMALL]
+    if opts.fp16:
+        names = [v for n in names for v in (n, n + gpu_models.HALF_SUFFIX) if not n.endswith(gpu_models.HALF_SUFFIX)]
+    unknown = [n for n in names if not gpu_models.known(n)]
     if unknown:
         print(f"gpu.py: unknown model(s) {', '.join(unknown)}; known: {', '.join(gpu_models.all_names())}")
         return 2
     (opts.out / "rows").mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, start = [], time.perf_counter()
     for i, name in enumerate(names, 1):
         t = time.perf_counter()
+        left = None if opts.budget is None else opts.budget - (t - start)
+        if left is not None and left <= 0:
+            print(f"[{i}/{len(names)}] {name}: not started, the time budget is spent", flush=True)
+            continue
         print(f"[{i}/{len(names)}] {name} ...", flush=True)
-        row = run_model(name, opts)
+        row = run_model(name, opts, left)
         (opts.out / "rows" / f"{name}.json").write_text(json.dumps(row, indent=1, default=float))
         rows.append(row)
         print(f"[{i}/{len(names)}] {name}: {row.get('error', 'done')} ({time.perf_counter() - t:.0f} s)", flush=True)

@@ -12,8 +12,9 @@ GPU, CUDA events around each run, inputs already on the GPU, weights prepared on
     ort_cuda                onnxruntime's CUDA execution provider (I/O bound on the GPU;
                             wall clock, as its run returns after the GPU is done)
 Each column's outputs are checked against onnxruntime on the CPU (apsat.pipeline.verify's
-tolerances); a column that fails, or cannot run here, says why in row["notes"] and has no
-time. Per kernel: apsat/backends/gpu/profile.py's rows (measured against modelled).
+tolerances; a float16 model, NAME_fp16, by verify's float64 rule: the error against a
+float64 run at most 8x onnxruntime's own float16 error); a column that fails, or cannot
+run here, says why in row["notes"] and has no time. Per kernel: apsat/backends/gpu/profile.py's rows (measured against modelled).
 Without a GPU the apsat columns run under the Triton interpreter and wall clock: that
 checks the harness, and the times mean nothing.
 """
@@ -65,12 +66,15 @@ def median_ms(fn, iters: int, warmup: int, gpu: bool) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
-def _error(want: dict, got: dict) -> tuple[bool, float]:
-    """(within apsat.pipeline.verify's tolerances, largest absolute error) of got against want."""
-    from apsat.pipeline.verify import compare
+def _error(want, got: dict) -> tuple[bool, float]:
+    """(within apsat.pipeline.verify's tolerances, largest absolute error) of got against
+    want: onnxruntime's outputs, or for a half model its verify.Oracle (judged by the
+    float64 rule)."""
+    from apsat.pipeline.verify import Oracle, compare, judge
 
-    got = {k: np.asarray(v.detach().cpu() if hasattr(v, "detach") else v, np.float32) for k, v in got.items()}
-    v = compare(want, got)
+    got = {k: np.asarray(v.detach().float().cpu() if hasattr(v, "detach") else v, np.float32)
+           for k, v in got.items()}
+    v = judge(want, got) if isinstance(want, Oracle) else compare(want, got)
     return bool(v.ok), float(v.max_abs_err)
 
 
@@ -134,8 +138,12 @@ def torch_columns(row, model, inputs, want, opts, gpu, device):
     """The eager and compile columns: the ONNX graph as a torch module, and compiled."""
     import torch
 
+    from apsat.frontend.reading import half_float_types
+
     torch_onnx = _load_sibling("torch_onnx")
-    module = torch_onnx.to_torch(model, device=device, input_shapes={k: v.shape for k, v in inputs.items()})
+    # a float16 model (NAME_fp16) runs as a float16 module: torch.compile in fp16
+    dtype = torch.float16 if "float16" in half_float_types(model) else torch.float32
+    module = torch_onnx.to_torch(model, device=device, dtype=dtype, input_shapes={k: v.shape for k, v in inputs.items()})
     names = [i.name for i in model.graph.input if i.name in inputs]
     args = [torch.as_tensor(inputs[n]).to(device) for n in names]
     outs = [o.name for o in model.graph.output]
@@ -189,7 +197,12 @@ def measure(name: str, opts) -> dict:
     row = {"model": name, "device": torch.cuda.get_device_name() if gpu else "cpu (Triton interpreter)",
            "ms": {}, "err": {}, "notes": [], "seconds": {}}
     model, inputs = gpu_models.load(name)
-    want = ort_run(model, inputs)
+    if name.endswith(gpu_models.HALF_SUFFIX):
+        from apsat.pipeline.verify import run_oracle
+
+        want = run_oracle(model, inputs)
+    else:
+        want = ort_run(model, inputs)
     t = time.perf_counter()
     res = apsat.optimize(model, target="gpu", verify=False, inputs=inputs,
                          input_shapes={k: v.shape for k, v in inputs.items()})

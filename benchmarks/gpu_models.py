@@ -7,6 +7,9 @@
     mlp3        Tensor Comprehensions' MLP3 shape, fp32: batch 128, 1024 -> 4096 -> 4096 -> 1000
                 (Gemm + Relu twice, then Gemm); mlp3_b512 the same at batch 512
     small       mlp3_small, encoder_small: tests/models.py's sizes, for the Triton interpreter
+    NAME_fp16   any of them in float16: onnxruntime's own converter
+                (onnxruntime.transformers.float16, keep_io_types off), as deployments
+                convert, its float inputs rounded to float16 (`half`)
 
 bert_base's 435 MB of weights are not kept in the repository: benchmarks/data/bert_base.onnx
 is its graph with every float weight of 1024 or more elements replaced by a
@@ -32,6 +35,7 @@ REAL_TRANSFORMERS = ["vit", "swin", "bert", "distilbert_dynamic", "gpt2", "t5_en
                      "whisper_encoder"]
 MLP3 = {"mlp3": 128, "mlp3_b512": 512}
 SMALL = ["mlp3_small", "encoder_small"]     # test sizes (tests/models.py), for the interpreter
+HALF_SUFFIX = "_fp16"
 BERT_SEQ = 128
 
 
@@ -45,9 +49,25 @@ def all_names() -> list[str]:
     return [*light_names(), *REAL_TRANSFORMERS, "bert_base", *MLP3]
 
 
+def known(name: str) -> bool:
+    """Whether `name` is a benchmark model (a NAME_fp16 variant of one included)."""
+    return name.removesuffix(HALF_SUFFIX) in all_names() + SMALL
+
+
+def half(model, inputs: dict):
+    """(model in float16 by onnxruntime's converter, inputs with float ones in float16)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return (convert_float_to_float16(model, keep_io_types=False),
+            {k: v.astype(np.float16) if v.dtype.kind == "f" else v for k, v in inputs.items()})
+
+
 def load(name: str):
     """(onnx.ModelProto with its weights, {input name: array}) of a benchmark model."""
     import onnx
+
+    if name.endswith(HALF_SUFFIX):
+        return half(*load(name.removesuffix(HALF_SUFFIX)))
 
     from apsat.pipeline.zoo import light_model_paths, randomize_weights
 

@@ -12,6 +12,11 @@ and no second shape pass over the e-classes runs in Python. Exporting and readin
 costs about half of what that pass did (CPU seconds; ResNet-50 saturated for
 systolic:32x32, 40k classes: 0.27 + 0.06 s against 0.79 s; Inception-v2, 64k classes,
 the light zoo's largest: 0.62 + 0.11 s against 1.38 s).
+
+The element types ride along the same way: each Expr class with a `has-type` row (the
+e-graph's type analysis, apsat/lang/dtypes.py) gets `class_data[c]["dtype"]` ("f32",
+"f16" or "bf16"; absent for exact values), which the gpu cost model reads to price bytes
+by element width and products at their type's peak.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import gc
 import json
 import re
 
+from apsat.lang import dtypes
 from apsat.lang.ops import COMPUTE_OPS, EGG_NAMES, OPS, PAD_TYPES
 
 # Constructors the serialized e-graph keeps (analysis tables and handles are left out).
@@ -55,6 +61,9 @@ def serialize(g, roots: list[str]) -> dict:
         for cls, shape in class_shapes(g, frozen, ids).items():
             if cls in class_data:
                 class_data[cls]["shape"] = shape
+        for cls, dtype in class_types(g, frozen, ids).items():
+            if cls in class_data:
+                class_data[cls]["dtype"] = dtype
     return {"nodes": nodes, "root_eclasses": roots, "class_data": class_data}
 
 
@@ -104,6 +113,17 @@ def _nodes(g, frozen, ids: _Ids) -> tuple[dict, dict]:
                 "eclass": eclass, "cost": 1.0, "subsumed": bool(row.subsumed)}
             class_data[eclass] = {"type": sort}
     return nodes, class_data
+
+
+def class_types(g, frozen, ids: _Ids | None = None) -> dict[str, str]:
+    """Expr class id -> element type name, from egglog's `has-type` rows (none: exact
+    values, or an e-graph without the type analysis). A class has at most one type: two
+    are a type-conflict, which the driver raises before anything is serialised."""
+    if "has-type" not in frozen:
+        return {}
+    ids = _Ids() if ids is None else ids
+    return {f"Expr-{ids[row.inputs[0]]}": dtypes.NAMES[g.value_to_i64(row.inputs[1])]
+            for row in frozen["has-type"].rows if g.value_to_i64(row.inputs[1]) in dtypes.NAMES}
 
 
 def class_shapes(g, frozen, ids: _Ids | None = None) -> dict[str, list[list[int]]]:

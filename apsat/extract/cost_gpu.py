@@ -12,6 +12,11 @@ the host: its operands go down and its result comes back over PCIe, plus a launc
 Weight-only work (constants.py: BatchNorm folded into weights, weight layout changes)
 costs nothing per inference: the runner does it once, when the model is loaded.
 
+By element type (the serialised classes' `dtype`, ExtractionGraph.dtypes): bytes moved are
+each operand's footprint and the result at their classes' element width (dtypes.BYTES;
+4 for exact values and untyped classes), and a product of f16 or bf16 operands runs at
+that type's tensor-core peak, as the gpu backend's kernels are priced (graph.Kernel).
+
 The machine's figures and one kernel's roofline are the gpu target's (apsat/targets/gpu.py).
 Each kernel is priced with its kind (`kernel_kind`), which a fitted calibration
 (apsat/targets/gpu_calibration.py) reads: its own fractions of peak bandwidth and FLOP/s.
@@ -23,7 +28,10 @@ from dataclasses import dataclass
 
 from apsat.extract.constants import weight_only_nodes
 from apsat.extract.graph import ExtractionGraph
+from apsat.extract.decode import expr_child_classes
 from apsat.extract.workload import compute_op, flops, footprints, needs_shapes, traffic
+from apsat.lang.arithmetic import elements
+from apsat.lang.dtypes import BYTES
 from apsat.lang.ops import ATOM_OPS, CONTRACTIONS, COPY_OPS, HOST_OPS, KERNEL_OPS, LOCAL_OPS, VIEW_OPS
 from apsat.targets.gpu import Roofline
 
@@ -74,8 +82,21 @@ class GpuRoofline(Roofline):
             if op in HOST_OPS:
                 return self.host_us(reads + writes)
             kind = kernel_kind(graph, nid)
+            moved = moved_bytes(graph, nid, shapes, fp)
             if op in COPY_OPS:
-                return self.kernel_us(0.0, reads + writes, False, kind)
-            return self.kernel_us(flops(graph, nid, shapes), reads + writes, kind in ("gemm", "attention"), kind)
+                return self.kernel_us(0.0, reads + writes, False, kind, moved_bytes=moved)
+            return self.kernel_us(flops(graph, nid, shapes), reads + writes, kind in ("gemm", "attention"), kind,
+                                  dtype=graph.dtypes.get(node["eclass"]), moved_bytes=moved)
         return cost
+
+
+def moved_bytes(graph: ExtractionGraph, nid: str, shapes: dict, fp: dict) -> float:
+    """Bytes a kernel or copy node moves: workload.traffic's elements, each operand's and
+    the result's at its class's element width (4 where the class is untyped: exact values
+    are carried as float32). All f32: exactly traffic's elements times 4."""
+    def width(c):
+        return BYTES.get(graph.dtypes.get(c), 4)
+    reads = sum(fp.get(k, math.inf) * width(k) for k in expr_child_classes(graph, nid))
+    cls = graph.nodes[nid]["eclass"]
+    return reads + float(elements(shapes[cls])) * width(cls)
 

@@ -10,7 +10,9 @@ as nodes whose class is an i64 class. Those are not program constructs: `extract
 filters them out so no extractor can pick `dim(x, 0)` as "the value 3".
 
 E-graphs serialised by apsat's driver also carry each Expr class's access shape in
-class_data (`"shape"`, apsat/extract/shapes.py): `shapes` is read from there.
+class_data (`"shape"`, apsat/extract/shapes.py): `shapes` is read from there, and each
+typed Expr class's element type (`"dtype"`: f32, f16 or bf16; apsat/egraph/serialize.py):
+`dtypes`.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from apsat.errors import ExtractionError
 from apsat.extract.shapes import read_shapes
+from apsat.lang.dtypes import BYTES
 
 
 @dataclass
@@ -39,6 +42,9 @@ class ExtractionGraph:
     # Tensor names known at load time (the e-graph's weights), for cost models that charge
     # weight-only work nothing per inference (apsat/extract/constants.py).
     weights: frozenset = frozenset()
+    # Class id -> element type ("f32", "f16", "bf16") of the typed Expr classes (exact
+    # values and a bare extraction-gym file: absent), for the gpu cost model's bytes and peaks.
+    dtypes: dict = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data, extractable=None) -> "ExtractionGraph":
@@ -67,7 +73,8 @@ class ExtractionGraph:
         class_data = data.get("class_data", {})
         types = {c: d.get("type", "") for c, d in class_data.items()}
         roots = [str(r) for r in data.get("root_eclasses", [])]
-        return cls(nodes, classes, node_classes, roots, types, dropped, read_shapes(class_data))
+        typed = {c: d["dtype"] for c, d in class_data.items() if d.get("dtype") in BYTES}
+        return cls(nodes, classes, node_classes, roots, types, dropped, read_shapes(class_data), dtypes=typed)
 
     def cost(self, node_id: str) -> float:
         """The node's own cost as stored in the file."""

@@ -17,6 +17,10 @@ The same kernels as the Triton generator, from the same expressions, as one
   lane accumulates p.v for the value columns e = lane, lane + 32, ... (no tensor cores).
 
 Arithmetic is fp32 with IEEE division and square root (nvcc's defaults; no fast math).
+Buffers have their element type: half loads are widened, stores round once to the buffer's
+type, and a gemm on f16/bf16 operands multiplies on tensor cores through WMMA with float32
+accumulation (cuda_wmma.py). The attention kernel reads half operands widened into float
+tiles and multiplies in float (no tensor cores).
 Index arithmetic is 32-bit: the lowering refuses buffers of 2**31 elements or more.
 
 `compile_cuda(source, path)` runs `nvcc -arch=sm_90 -cubin -Xptxas -v` and parses ptxas's
@@ -25,14 +29,11 @@ register, shared-memory and spill figures; `nvcc_path()` says whether nvcc is he
 from __future__ import annotations
 
 import math
-import re
-import shutil
-import subprocess
-import time
-from pathlib import Path
 
 import numpy as np
 
+from apsat.backends.gpu import cuda_wmma as wm
+from apsat.backends.gpu.cuda_compile import compile_cuda, nvcc_path
 from apsat.backends.gpu.cuda_prelude import ROUND, WARP_REDUCE
 from apsat.backends.gpu.cuda_norms import gemm_row_stats, stat_syms
 from apsat.backends.gpu.emit import Dialect, axis_defs, defined_body, emit, indent, used_vars
@@ -52,6 +53,10 @@ class CudaDialect(Dialect):
     indent_unit = "  "
     int_cast = "(int){}"
 
+    def __init__(self, types: dict | None = None):
+        """types: buffer -> element type (absent: f32); half loads are widened to float."""
+        self.types = types or {}
+
     @staticmethod
     def int_assign(name, text):
         """An index variable's definition (assign is for float values)."""
@@ -66,9 +71,10 @@ class CudaDialect(Dialect):
         return f"{text}f" if ("." in text or "e" in text) else f"{text}.0f"
 
     def load(self, buf, offset, conds, varying):
+        text = wm.widened(self.types, buf, f"{param(buf)}[{offset}]")
         if not conds:
-            return f"{param(buf)}[{offset}]"
-        return f"({' && '.join(conds)} ? {param(buf)}[{offset}] : 0.0f)"
+            return text
+        return f"({' && '.join(conds)} ? {text} : 0.0f)"
 
     def call(self, fn, a, nodes=()):
         table = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
@@ -129,8 +135,9 @@ def kernel_source(k: Kernel) -> tuple[str, dict]:
     """(CUDA source of kernel k, launch configuration {"grid", "block", "tiles"})."""
     body, launch, extra = {"elementwise": _elementwise, "gemm": _gemm, "reduce": _reduce,
                            "attention": _attention}[k.kind](k)
-    params = ["float* __restrict__ out"] + [f"const float* __restrict__ {param(r)}" for r in k.reads]
-    head = HEADER.format(name=k.name, kind=k.kind, covers=", ".join(k.covers) or k.kind)
+    params = [f"{wm.c_type(k.types, k.out)}* __restrict__ out"] + [
+        f"const {wm.c_type(k.types, r)}* __restrict__ {param(r)}" for r in k.reads]
+    head = HEADER.format(name=k.name, kind=k.kind, covers=", ".join(k.covers) or k.kind) + wm.include(k)
     signature = (f'extern "C" __global__ void __launch_bounds__({launch["block"]}) '
                  f"{k.name}({', '.join(params)}) {{")
     src = "\n".join([head, DEVICE_FUNCTIONS, extra, signature, *_indent(body), "}", ""])
@@ -153,16 +160,21 @@ def launch_plan(k: Kernel) -> dict:
     return {"grid": (-(-size["m"] // tiles["ROWS"]), size["b"], 1), "block": tiles["threads"], "tiles": tiles}
 
 
+def _stored(k: Kernel, text: str) -> str:
+    """The float value `text` as k's output buffer stores it: rounded once to its type."""
+    return wm.narrowed(k.types.get(k.out, "f32"), text)
+
+
 def _elementwise(k: Kernel):
     dims = k.axes["o"]
     n = math.prod(dims)
-    d = CudaDialect()
+    d = CudaDialect(k.types)
     lines = [f"constexpr int N = {n};",
              f"const int offs = blockIdx.x * {THREADS} + threadIdx.x;",
              "if (offs >= N) return;"]
     lines += axis_defs(d, "o", dims, var("offs", n), _int, used_vars(k.values["out"]))
     vl, t = emit(d, {"out": k.values["out"]}, {}, "v")
-    lines += vl + [f"out[offs] = {t['out']};"]
+    lines += vl + [f"out[offs] = {_stored(k, t['out'])};"]
     return lines, launch_plan(k), ""
 
 
@@ -171,11 +183,12 @@ def _gemm(k: Kernel):
     bsz, m, n, kk = (math.prod(ax[g]) for g in "bmnk")
     launch = launch_plan(k)
     bm, bn, bk = (launch["tiles"][t] for t in ("BM", "BN", "BK"))
-    d = CudaDialect()
+    d = CudaDialect(k.types)
+    tc = wm.uses_wmma(k)     # half operands: tensor cores (cuda_wmma.py)
     used = used_vars(*k.values.values(), k.store)
     lines = [f"constexpr int M = {m}, N = {n}, K = {kk};",
              f"constexpr int BM = {bm}, BN = {bn}, BK = {bk}, TM = BM / 16, TN = BN / 16;",
-             "__shared__ float As[BK][BM];", "__shared__ float Bs[BK][BN];",
+             *(wm.shared(k) if tc else ["__shared__ float As[BK][BM];", "__shared__ float Bs[BK][BN];"]),
              "const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;",
              "const int rm0 = blockIdx.x * BM, rn0 = blockIdx.y * BN;"]
     used |= used_vars(*(st.elem for st in k.stats))
@@ -183,9 +196,9 @@ def _gemm(k: Kernel):
     lines += (["const int pid_b = blockIdx.z;"] + batch) if batch else []
     for st in k.stats:
         lines += gemm_row_stats(st, d, ax["m"], m)
-    lines += ["float acc[TM][TN];",
-              "#pragma unroll", "for (int i = 0; i < TM; ++i)",
-              "  #pragma unroll", "  for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;"]
+    lines += [] if tc else ["float acc[TM][TN];",
+                            "#pragma unroll", "for (int i = 0; i < TM; ++i)",
+                            "  #pragma unroll", "  for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;"]
     # each section defines only the variables it reads (nvcc warns about unused ones)
     used_a, used_b = used_vars(k.values["a"]), used_vars(k.values["b"])
     used_e = used_vars(k.values["out"], k.store)
@@ -195,27 +208,28 @@ def _gemm(k: Kernel):
                 "float v = 0.0f;", "if (rm < M && rka < K) {"]
                + _indent(axis_defs(d, "m", ax["m"], var("rm", m), _int, used_a)
                          + axis_defs(d, "ka", ax["k"], var("rka", kk), _int, used_a) + la
-                         + [f"v = {ta['a']};"]) + ["}", "As[lk][lm] = v;"])
+                         + [f"v = {ta['a']};"]) + ["}", wm.staged(k, "As[lm][lk]", "v") if tc else "As[lk][lm] = v;"])
     stage_b = (["const int lk = e / BN, ln = e % BN;", "const int rkb = ks + lk, rn = rn0 + ln;",
                 "float v = 0.0f;", "if (rkb < K && rn < N) {"]
                + _indent(axis_defs(d, "n", ax["n"], var("rn", n), _int, used_b)
                          + axis_defs(d, "kb", ax["k"], var("rkb", kk), _int, used_b) + lb
-                         + [f"v = {tb['b']};"]) + ["}", "Bs[lk][ln] = v;"])
+                         + [f"v = {tb['b']};"]) + ["}", wm.staged(k, "Bs[lk][ln]", "v") if tc else "Bs[lk][ln] = v;"])
     inner = ["float ra[TM], rb[TN];",
              "#pragma unroll", "for (int i = 0; i < TM; ++i) ra[i] = As[kk][ty + 16 * i];",
              "#pragma unroll", "for (int j = 0; j < TN; ++j) rb[j] = Bs[kk][tx + 16 * j];",
              "#pragma unroll", "for (int i = 0; i < TM; ++i)",
              "  #pragma unroll", "  for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);"]
+    products = wm.inner(k) if tc else ["#pragma unroll", "for (int kk = 0; kk < BK; ++kk) {"] + _indent(inner) + ["}"]
     loop = (["for (int e = tid; e < BM * BK; e += 256) {"] + _indent(stage_a) + ["}"]
             + ["for (int e = tid; e < BK * BN; e += 256) {"] + _indent(stage_b) + ["}"]
-            + ["__syncthreads();", "#pragma unroll", "for (int kk = 0; kk < BK; ++kk) {"]
-            + _indent(inner) + ["}", "__syncthreads();"])
-    lines += ["for (int ks = 0; ks < K; ks += BK) {"] + _indent(loop) + ["}"]
-    le, te = emit(d, {"out": k.values["out"]}, {"acc": "acc[i][j]", **stat_syms(k.stats, "ty + 16 * i")}, "ve")
+            + ["__syncthreads();"] + products + ["__syncthreads();"])
+    lines += ["for (int ks = 0; ks < K; ks += BK) {"] + _indent(loop) + ["}"] + (wm.drain() if tc else [])
+    acc = "Cs[ty + 16 * i][tx + 16 * j]" if tc else "acc[i][j]"
+    le, te = emit(d, {"out": k.values["out"]}, {"acc": acc, **stat_syms(k.stats, "ty + 16 * i")}, "ve")
     epi = (["const int rm = rm0 + ty + 16 * i, rn = rn0 + tx + 16 * j;", "if (rm < M && rn < N) {"]
            + _indent(axis_defs(d, "m", ax["m"], var("rm", m), _int, used_e)
                      + axis_defs(d, "n", ax["n"], var("rn", n), _int, used_e) + le
-                     + [f"out[{d.ix(k.store)}] = {te['out']};"]) + ["}"])
+                     + [f"out[{d.ix(k.store)}] = {_stored(k, te['out'])};"]) + ["}"])
     lines += ["#pragma unroll", "for (int i = 0; i < TM; ++i) {", "  #pragma unroll",
               "  for (int j = 0; j < TN; ++j) {"] + _indent(epi, 2) + ["  }", "}"]
     return lines, launch, WARP_REDUCE if k.stats else ""
@@ -223,7 +237,7 @@ def _gemm(k: Kernel):
 
 def _reduce(k: Kernel):
     rows, cols = math.prod(k.axes["r"]), math.prod(k.axes["c"])
-    d = CudaDialect()
+    d = CudaDialect(k.types)
     used = used_vars(*k.values.values(), k.store)
     lines = [f"constexpr int ROWS = {rows}, COLS = {cols};",
              "const int lane = threadIdx.x & 31;",
@@ -240,7 +254,7 @@ def _reduce(k: Kernel):
 
     def finish(acc):
         el, te = emit(d, {"out": k.values["out"]}, {"acc": acc}, "ve")
-        return el + [f"out[{d.ix(k.store)}] = {te['out']};"]
+        return el + [f"out[{d.ix(k.store)}] = {_stored(k, te['out'])};"]
 
     op = k.op
     if op in ("sum", "mean", "max"):
@@ -296,7 +310,7 @@ def _attention(k: Kernel):
     bsz, m, n, dd, e = (math.prod(ax[g]) for g in "bmnde")
     launch = launch_plan(k)
     rows, bn, threads = (launch["tiles"][t] for t in ("ROWS", "BN", "threads"))
-    d = CudaDialect()
+    d = CudaDialect(k.types)
     neg_inf = d.const(-math.inf)
     used = used_vars(*k.values.values(), k.store)
 
@@ -341,51 +355,10 @@ def _attention(k: Kernel):
     norm = "l_i > 0.0f ? acc[i] / l_i : 0.0f" if k.op == "safe" else "acc[i] / l_i"
     so, to = section("out", {"m0": "rm", "e0": "ee"}, {"acc": "o"}, "ve")
     fin = ["const int ee = lane + 32 * i;", "if (ee < E) {"] + _indent(
-        [f"const float o = {norm};"] + so + [f"out[{d.ix(k.store)}] = {to};"]) + ["}"]
+        [f"const float o = {norm};"] + so + [f"out[{d.ix(k.store)}] = {_stored(k, to)};"]) + ["}"]
     lines += (["if (rm < M) {", "  #pragma unroll", "  for (int i = 0; i < EPL; ++i) {"]
               + _indent(fin, 2) + ["  }", "}"])
     return lines, launch, WARP_REDUCE
 
 
-# ---- nvcc ------------------------------------------------------------------------------------
-
-def nvcc_path() -> str | None:
-    """Path of nvcc, or None when the CUDA toolkit is not on this machine."""
-    return shutil.which("nvcc")
-
-
-_PTXAS = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
-_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-
-
-def compile_cuda(source: str, path, arch: str = "sm_90", timeout: float = 120.0) -> dict:
-    """Write `source` to `path` (a .cu file) and compile it with
-    `nvcc -arch=ARCH -cubin -Xptxas -v` next to it (path with .cubin).
-
-    Returns {"ok", "returncode", "log" (nvcc's whole output), "cubin" (path or None),
-    "registers", "shared_bytes", "spill_stores", "spill_loads", "seconds"}; ok is False
-    when nvcc fails or prints a warning (generated code must compile cleanly). Raises
-    FileNotFoundError when nvcc is missing (callers check nvcc_path() first)."""
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise FileNotFoundError("nvcc is not on PATH")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(source)
-    cubin = path.with_suffix(".cubin")
-    t = time.perf_counter()
-    res = subprocess.run([nvcc, f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(path)],
-                         capture_output=True, text=True, timeout=timeout, check=False)
-    log = (res.stdout + res.stderr).strip()
-    out = {"ok": res.returncode == 0 and "warning" not in log.lower(), "returncode": res.returncode,
-           "log": log, "cubin": str(cubin) if res.returncode == 0 and cubin.exists() else None,
-           "registers": None, "shared_bytes": None, "spill_stores": None, "spill_loads": None,
-           "seconds": round(time.perf_counter() - t, 3)}
-    m = _PTXAS.search(log)
-    if m:
-        out["registers"] = int(m.group(1))
-        out["shared_bytes"] = int(m.group(3) or 0)
-    s = _SPILL.search(log)
-    if s:
-        out["spill_stores"], out["spill_loads"] = int(s.group(2)), int(s.group(3))
-    return out
+__all__ = ["CudaDialect", "compile_cuda", "kernel_source", "launch_plan", "nvcc_path", "param"]

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass
 
+from apsat.backends.gpu.emit import used_vars
 from apsat.backends.gpu.expr import call, const, fconst, var
 
 # Reductions a kernel may compute inline, unrolled, when their item is small (at most
@@ -92,3 +94,24 @@ def normalised(vals, t, idx, conds):
     *mean, den = (("sym", s) for s in vals.stats[key].symbols)
     x = vals.value(x_term, idx, conds)
     return call("div", call("sub", x, mean[0]) if mean else x, den)
+
+
+_ROW_VARS = re.compile(r"[bms]\d+")
+
+
+def row_stats(kernel, vals) -> list:
+    """The RowStats of the norms kernel's values read inline (folds.normalised), in
+    order; NeedsBuffer where the kernel cannot compute them before its main loop.
+    Moved here from lower.py, which calls it for every kernel it finishes."""
+    from apsat.backends.gpu.views import NeedsBuffer     # views reads norms through this module
+
+    stats = list(vals.stats.values())
+    for st in stats:
+        if kernel.kind != "gemm":
+            raise NeedsBuffer(st.term, f"a {kernel.kind} kernel reads {st.op} inline")
+        cross = sorted(v for v in used_vars(st.elem) if not _ROW_VARS.fullmatch(v))
+        if cross:
+            raise NeedsBuffer(st.term, f"{st.op}'s rows vary along {', '.join(cross)}")
+        kernel.flops += 3.0 * math.prod(st.cols) * math.prod(
+            math.prod(d) for g, d in kernel.axes.items() if g in "bm")
+    return stats

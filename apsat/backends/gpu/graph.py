@@ -1,7 +1,8 @@
 """The kernel graph: what the lowering (apsat/backends/gpu/lower.py) produces and the
 code generators, runner and report consume.
 
-Buffers are float32 arrays in device memory, row-major. Steps run in list order: a
+Buffers are arrays of their term's element type in device memory (f32, f16 or bf16;
+exact values, integers and masks, are float32), row-major. Steps run in list order: a
 `Kernel` (one generated kernel: elementwise, gemm, reduce or attention) or a `HostStep` (a term no
 kernel expresses, run on the host). Each step names the buffers it reads and the one it
 writes, so the graph is also a networkx DiGraph (`to_networkx`).
@@ -12,19 +13,25 @@ import math
 from dataclasses import dataclass, field
 
 from apsat.backends.gpu.expr import Ix
+from apsat.lang import dtypes
 from apsat.lang.program import Program
 from apsat.targets.gpu import BYTES, Roofline
+
+HALF = frozenset({dtypes.F16, dtypes.BF16})
 
 
 @dataclass
 class Buffer:
-    """A float32 array in device memory: a program input or weight (`tensor` names it),
-    or the result of a kernel or host step; row-major over `dims`."""
+    """An array in device memory: a program input or weight (`tensor` names it), or the
+    result of a kernel or host step; row-major over `dims`, of element type `dtype`
+    (dtypes.F32, F16 or BF16: the program's type of the term it holds, f32 for exact
+    values)."""
 
     name: str
     dims: tuple[int, ...]
     kind: str                  # "input" | "kernel" | "host"
     tensor: str | None = None  # the program's tensor name, for inputs
+    dtype: str = dtypes.F32
 
     @property
     def elements(self) -> int:
@@ -51,6 +58,10 @@ class Kernel:
     op: for reduce, sum | max | mean | softmax | layer-norm | rms-norm; `eps` for the norms; for
     attention, safe (a row whose softmax is NaN, every score -inf, gives 0: the atom's
     SAFE 1) | plain (it gives NaN, as softmax does).
+    types: buffer name -> element type of the output and of every buffer read (absent:
+    f32). operand: the element type of a gemm's or attention's product operands (f16 or
+    bf16: `tl.dot` on half operands, tensor cores, float32 accumulation; f32: the
+    "ieee" fp32 product).
     stats: for gemm, the row statistics (folds.RowStats) of the normalisations its
     operand or epilogue reads, computed before the main loop over the row variables
     (b/m) and s0, s1, ...; values read them as ("sym", "<name>_mean"/"<name>_den").
@@ -67,24 +78,32 @@ class Kernel:
     op: str = ""
     eps: float = 0.0
     stats: list = field(default_factory=list)
+    types: dict = field(default_factory=dict)
+    operand: str = dtypes.F32
     tiles: dict = field(default_factory=dict)
     flops: float = 0.0
     elements_read: float = 0.0
     elements_written: float = 0.0
+    bytes_moved: float | None = None   # by each buffer's element width; None: 4 bytes each
 
     @property
     def bytes(self) -> float:
-        """Bytes moved in the ideal case: each buffer read once, the result written once."""
+        """Bytes moved in the ideal case: each buffer read once, the result written once,
+        each at its element type's width (dtypes.BYTES)."""
+        if self.bytes_moved is not None:
+            return self.bytes_moved
         return (self.elements_read + self.elements_written) * BYTES["fp32"]
 
     @property
     def modelled_us(self) -> float:
-        """Roofline time on an H100 (apsat/extract/cost_gpu.py), fp32; gemm and attention
-        (both tl.dot) at the matrix peak, as cost_gpu prices matmuls and the atoms; with
-        a calibration in force (apsat/targets/gpu_calibration.py), its figures for this
-        kernel's kind."""
+        """Roofline time on an H100 (apsat/extract/cost_gpu.py prices e-nodes the same way):
+        gemm and attention (both tl.dot) at the matrix peak of their operands' type (fp32,
+        or the tensor-core rate of f16/bf16), as cost_gpu prices matmuls and the atoms;
+        bytes by each buffer's element width; with a calibration in force
+        (apsat/targets/gpu_calibration.py), its figures for this kernel's kind."""
         return Roofline("fp32").kernel_us(self.flops, self.elements_read + self.elements_written,
-                                          self.kind in ("gemm", "attention"), self.kind)
+                                          self.kind in ("gemm", "attention"), self.kind,
+                                          dtype=self.operand, moved_bytes=self.bytes_moved)
 
 
 @dataclass

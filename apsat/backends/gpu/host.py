@@ -112,8 +112,9 @@ def load_host_steps(path) -> dict:
 
 def _numpy(x):
     """A numpy array of x (a torch tensor, on any device, or anything numpy takes)."""
-    if hasattr(x, "detach"):
-        return x.detach().cpu().numpy()
+    if hasattr(x, "detach"):       # float() first: numpy has no bfloat16; host steps compute in float32
+        x = x.detach()
+        return (x.float() if x.is_floating_point() else x).cpu().numpy()
     return np.asarray(x)
 
 

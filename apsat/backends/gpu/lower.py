@@ -45,10 +45,10 @@ import re
 
 from apsat.backends.gpu import tiling
 from apsat.backends.gpu.attention import expansion as attention_expansion
-from apsat.backends.gpu.emit import used_vars
 from apsat.backends.gpu.epilogue import epilogue_path, invert_path
 from apsat.backends.gpu.expr import flat, value_nodes, var
-from apsat.backends.gpu.graph import Buffer, HostStep, Kernel, KernelGraph
+from apsat.backends.gpu.folds import row_stats
+from apsat.backends.gpu.graph import HALF, Buffer, HostStep, Kernel, KernelGraph
 from apsat.backends.gpu.inline import Inlining, is_kernel_op
 from apsat.backends.gpu.regions import ROW_NORMALISATIONS, covered_ops, natural
 from apsat.backends.gpu.views import (
@@ -59,6 +59,7 @@ from apsat.backends.gpu.views import (
     is_elementwise,
     n_iter,
 )
+from apsat.lang import dtypes
 from apsat.lang.formula import FUNCTION_FLOPS
 from apsat.lang.program import Program
 from apsat.lang.term import Term
@@ -107,17 +108,26 @@ class _Lowering:
         self.steps: list = []
         self._names: set = set()
 
-    def _new_buffer(self, dims, kind, tensor=None, name=None) -> str:
+    def _new_buffer(self, dims, kind, tensor=None, name=None, dtype=None) -> str:
         name = _ident(name or f"t{len(self.buffers)}", self._names)
-        self.buffers[name] = Buffer(name, tuple(dims), kind, tensor)
+        self.buffers[name] = Buffer(name, tuple(dims), kind, tensor, dtype or dtypes.F32)
         return name
+
+    def _dtype(self, term: Term) -> str:
+        """The element type of term's buffer: the program's type, f32 for exact values
+        (carried as float32) and for a term the program does not type."""
+        try:
+            return self.p.dtype_of(term) or dtypes.F32
+        except KeyError:
+            return dtypes.F32
 
     def run(self) -> KernelGraph:
         p = self.p
         roots = []       # materialised terms that need a step, in order
         for t in self.order:
             if t.op == "access-tensor":
-                name = self._new_buffer(p.tensor_shapes[t.args[0]], "input", t.args[0], t.args[0])
+                name = self._new_buffer(p.tensor_shapes[t.args[0]], "input", t.args[0], t.args[0],
+                                        p.tensor_types.get(t.args[0]))
                 self.term_buf[t] = (name, dims_of(p, t))
             elif t.op == "opaque" or is_kernel_op(t) or (
                     is_elementwise(t) and not self.inlining.inline_elementwise(t)):
@@ -184,20 +194,26 @@ class _Lowering:
         # the attention atom's kernel is named by its kind alone (not k07_attention_attention)
         return f"k{len(self.steps):02d}_{kind}" + ("" if label == kind else f"_{label}")
 
-    def _finish(self, kernel: Kernel, vals: Values, out_term: Term | None, out_dims):
-        """Register the kernel's output buffer and figures and append it."""
+    def _finish(self, kernel: Kernel, vals: Values, out_term: Term | None, out_dims, typed=None):
+        """Register the kernel's output buffer (of the type of `typed`, default out_term)
+        and figures and append it."""
         biggest = max([math.prod(out_dims)] + [math.prod(d) for d in vals.read.values()])
         if biggest >= 2 ** 31:
             raise Unsupported(f"a buffer of {biggest:,} elements needs 64-bit indexing, "
                               "which the generated kernels do not use")
-        kernel.stats = _row_stats(kernel, vals)
-        out = self._new_buffer(out_dims, "kernel")
+        kernel.stats = row_stats(kernel, vals)
+        typed = out_term if typed is None else typed
+        out = self._new_buffer(out_dims, "kernel", dtype=self._dtype(typed) if typed is not None else None)
         if out_term is not None:
             self.term_buf[out_term] = (out, tuple(out_dims))
         kernel.out = out
         kernel.reads = list(vals.read)
         kernel.elements_read = float(sum(math.prod(d) for d in vals.read.values()))
         kernel.elements_written = float(math.prod(out_dims))
+        kernel.types = {b: self.buffers[b].dtype for b in [out, *kernel.reads]}
+        # bytes at each buffer's width: for f32 buffers exactly (elements) * 4, as before types
+        kernel.bytes_moved = float(sum(math.prod(d) * dtypes.BYTES[kernel.types[r]] for r, d in vals.read.items())
+                                   + math.prod(out_dims) * dtypes.BYTES[kernel.types[out]])
         self._tile(kernel)
         self.steps.append(kernel)
 
@@ -253,7 +269,7 @@ class _Lowering:
             {t.args[0]} if t.op == "opaque" else set())
         prog = Program({"out": root}, shapes, {k: self.p.opaque_nodes[k] for k in keys
                                                if k in self.p.opaque_nodes})
-        out = self._new_buffer(dims_of(self.p, t), "host")
+        out = self._new_buffer(dims_of(self.p, t), "host", dtype=self._dtype(t))
         self.term_buf[t] = (out, dims_of(self.p, t))
         label = f"opaque {_onnx_op(self.p, t)}" if t.op == "opaque" else t.op
         name = f"h{len(self.steps):02d}_{re.sub(r'[^a-z0-9]+', '_', label.lower())}"
@@ -268,7 +284,7 @@ class _Lowering:
         k = Kernel(f"k{len(self.steps):02d}_elementwise_copy", "elementwise", "", [],
                    {"o": d}, {"out": vals.value(t, idx)}, None, [what])
         k.flops = 0.0
-        self._finish(k, vals, t if keep else None, d)
+        self._finish(k, vals, t if keep else None, d, typed=t)
         return k.out
 
     def _with_affine(self, term: Term) -> Term:
@@ -342,6 +358,8 @@ class _Lowering:
         values = dict(spec["values"], out=value)
         k = Kernel(self._name(kind, t), kind, "", [], spec["axes"], values, store, covers,
                    op=spec.get("op", ""), eps=spec.get("eps", 0.0))
+        if kind in ("gemm", "attention") and self._dtype(t) in HALF:
+            k.operand = self._dtype(t)      # a product's type is its operands' (dtypes.KEEPS)
         out_elems = math.prod(out_dims)
         a = {g: math.prod(dd) for g, dd in spec["axes"].items()}
         if kind == "gemm":
@@ -352,24 +370,6 @@ class _Lowering:
             per = 1 + _ops(values["elem"]) + (2 if spec["op"] in ROW_NORMALISATIONS else 0)
             k.flops = float(a["r"] * a["c"] * per + _ops(value) * out_elems)
         self._finish(k, vals, out_term, out_dims)
-
-
-_ROW_VARS = re.compile(r"[bms]\d+")
-
-
-def _row_stats(kernel: Kernel, vals: Values) -> list:
-    """The RowStats of the norms kernel's values read inline (folds.normalised), in
-    order; NeedsBuffer where the kernel cannot compute them before its main loop."""
-    stats = list(vals.stats.values())
-    for st in stats:
-        if kernel.kind != "gemm":
-            raise NeedsBuffer(st.term, f"a {kernel.kind} kernel reads {st.op} inline")
-        cross = sorted(v for v in used_vars(st.elem) if not _ROW_VARS.fullmatch(v))
-        if cross:
-            raise NeedsBuffer(st.term, f"{st.op}'s rows vary along {', '.join(cross)}")
-        kernel.flops += 3.0 * math.prod(st.cols) * math.prod(
-            math.prod(d) for g, d in kernel.axes.items() if g in "bm")
-    return stats
 
 
 def _onnx_op(program, t: Term) -> str:

@@ -9,7 +9,8 @@ token ids index in range, masks stay masks. Host steps run and are timed too.
 
 With `tune`, a kernel whose shape (tuning.kernel_key) the cache lacks is timed under each
 of tuning.candidates. The first candidate is the kernel's own tiles; a candidate whose
-output differs from it (rtol 1e-4, atol 1e-5 x the output's largest magnitude; outputs are
+output differs from it (rtol 1e-4, atol 1e-5 x the output's largest magnitude; for f16/bf16
+outputs 4 unit roundoffs of the type for both; outputs are
 poisoned with NaN first, so an element left unwritten differs) is rejected, and one that
 does not compile (too much shared memory, say) is skipped. The fastest of the rest is
 recorded in the cache; a kernel whose shape the cache holds is not searched again.
@@ -32,6 +33,7 @@ import time
 
 from apsat.backends.gpu.graph import HostStep, Kernel, KernelGraph
 from apsat.backends.gpu.tuning import candidates, kernel_key, plain_tiles
+from apsat.lang.dtypes import UNIT_ROUNDOFF
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -79,8 +81,13 @@ def _launcher(mod, runner, dev):
 def _close(got, want) -> bool:
     import torch
 
+    # half outputs: two tilings sum in other orders in float32, and the store's one rounding
+    # may then land an ulp apart; 4 unit roundoffs of the type allow that, not a wrong value
+    half = {torch.float16: UNIT_ROUNDOFF["f16"], torch.bfloat16: UNIT_ROUNDOFF["bf16"]}.get(want.dtype)
+    rtol, atol = (RTOL, ATOL) if half is None else (4 * half, 4 * half)
+    got, want = got.float(), want.float()
     scale = float(torch.nan_to_num(want.abs(), nan=0.0, posinf=0.0).max()) if want.numel() else 0.0
-    return bool(torch.allclose(got, want, rtol=RTOL, atol=ATOL * max(scale, 1.0), equal_nan=True))
+    return bool(torch.allclose(got, want, rtol=rtol, atol=atol * max(scale, 1.0), equal_nan=True))
 
 
 def _trial(k: Kernel, tiles: dict, reads: list, dims, runner, dev, timer, want):
@@ -94,7 +101,7 @@ def _trial(k: Kernel, tiles: dict, reads: list, dims, runner, dev, timer, want):
     text = kernel_source(dataclasses.replace(k, tiles=dict(tiles)))
     with source_module(text, k.name) as mod:     # compiled and timed inside: the file goes after
         launch = _launcher(mod, runner, dev)
-        out = torch.full(dims, math.nan, dtype=torch.float32, device=dev)
+        out = torch.full(dims, math.nan, dtype=runner._dtype(k.out), device=dev)   # the buffer's type
         launch(out, *reads)
         if want is not None and not _close(out, want):
             return None, math.inf
@@ -144,7 +151,7 @@ def profile(graph: KernelGraph, tensors: dict, timer, *, cache=None, tune: bool 
     folder = write_sources(graph)            # the private cache, as run_kernels writes it
     runner = load_runner(folder)             # its device choice, input staging, interpreter
     dev = runner._device(device)
-    bufs = {n: runner._input(x, runner.INPUTS[n][1], dev)
+    bufs = {n: runner._input(x, runner.INPUTS[n][1], dev, n)
             for n, x in runner._raw(tensors, list(runner.INPUTS)).items()}
     once = {s.name for s in graph.prepare_steps}
     rows = []
@@ -154,7 +161,7 @@ def profile(graph: KernelGraph, tensors: dict, timer, *, cache=None, tune: bool 
         if isinstance(step, HostStep):
             def host(step=step):
                 return run_host_step(folder / "host_steps.json", step.name,
-                                     {r: bufs[r] for r in step.reads}, dev)
+                                     {r: bufs[r] for r in step.reads}, dev).to(runner._dtype(step.out))
             bufs[step.out] = host()
             row = {"name": step.name, "kind": "host", "covers": [step.op], "flops": 0.0,
                    "bytes": step.bytes, "modelled_us": step.modelled_us, "measured_us": timer(host),

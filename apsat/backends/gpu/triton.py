@@ -8,8 +8,14 @@ specialises the kernel to the model's shapes; edges that are not multiples of a 
 masked. Each file also carries `launch(out, *inputs)` (grid and constants filled in) and
 `SIGNATURE`/`CONSTEXPRS` for compiling it without a GPU.
 
-Kernels compute in fp32: matrix products use `tl.dot(..., input_precision="ieee")` (never
-tf32), square roots `sqrt_rn`, and element-wise arithmetic is not contracted into FMAs
+Buffers hold their term's element type (graph.Buffer.dtype). Loads of f16/bf16 buffers
+are widened to float32 at once, so every element-wise step, reduction and epilogue computes
+in float32 registers, and a store rounds once to its buffer's type. Products of f32
+operands use `tl.dot(..., input_precision="ieee")` (never tf32); products of f16/bf16
+operands (Kernel.operand) pass them to `tl.dot(a, b, out_dtype=tl.float32)`, tensor cores
+with float32 accumulation: an operand loaded as it is stored stays half, one computed in
+the kernel (a prologue) is rounded to the operand type first, as the reference rounds that
+term. Square roots are `sqrt_rn`, and element-wise arithmetic is not contracted into FMAs
 (`enable_fp_fusion=False`, Triton 3.10's default), so epilogues round like the reference. The epilogue of a matmul or reduction is the kernel
 graph's value for the element, stored where the graph says (through the inverse of the
 consumer's view path). The attention kernel (`_attention`) is FlashAttention's loop: per
@@ -34,8 +40,11 @@ from apsat.backends.gpu.expr import DEFINED, var
 from apsat.backends.gpu.graph import Kernel
 from apsat.backends.gpu.tiling import attention_pad
 from apsat.backends.gpu.triton_norms import gemm_row_stats, norm_rows
+from apsat.lang import dtypes
 
 IDENTITY = {"sum": "0.0", "mean": "0.0", "max": 'float("-inf")'}
+TL_TYPE = {dtypes.F32: "tl.float32", dtypes.F16: "tl.float16", dtypes.BF16: "tl.bfloat16"}
+SIG_TYPE = {dtypes.F32: "*fp32", dtypes.F16: "*fp16", dtypes.BF16: "*bf16"}
 
 
 class TritonDialect(Dialect):
@@ -45,9 +54,12 @@ class TritonDialect(Dialect):
     floordiv = "//"
     int_cast = "{}.to(tl.int32)"
 
-    def __init__(self, base_mask: str):
+    def __init__(self, base_mask: str, types: dict | None = None, keep: str | None = None):
+        """types: buffer -> element type (absent: f32); a half buffer's loads are widened
+        to float32, except those of type `keep` (a product operand read as stored)."""
         self.base_mask = base_mask
         self.helpers: set[str] = set()
+        self.types, self.keep = types or {}, keep
 
     def const(self, v: float) -> str:
         if math.isinf(v):
@@ -58,9 +70,10 @@ class TritonDialect(Dialect):
 
     def load(self, buf, offset, conds, varying):
         masks = ([self.base_mask] if varying else []) + conds
-        if not masks:
-            return f"tl.load({buf}_ptr + {offset})"
-        return f"tl.load({buf}_ptr + {offset}, mask={' & '.join(masks)}, other=0.0)"
+        text = (f"tl.load({buf}_ptr + {offset})" if not masks else
+                f"tl.load({buf}_ptr + {offset}, mask={' & '.join(masks)}, other=0.0)")
+        dtype = self.types.get(buf, dtypes.F32)
+        return text if dtype in (dtypes.F32, self.keep) else f"{text}.to(tl.float32)"
 
     def call(self, fn, a, nodes=()):
         if fn == "pow" and len(nodes) == 2 and nodes[1][0] == "const":
@@ -104,6 +117,40 @@ def _defined_helper(fn: str) -> str:
 HELPERS.update({fn: _defined_helper(fn) for fn in DEFINED})
 
 
+def _stored(k: Kernel, text: str) -> str:
+    """The float32 value `text` as k's output buffer stores it: rounded once to its type."""
+    dtype = k.types.get(k.out, dtypes.F32)
+    return text if dtype == dtypes.F32 else f"({text}).to({TL_TYPE[dtype]})"
+
+
+def _operand(k: Kernel, text: str) -> str:
+    """A product operand as tl.dot takes it: f32 as it is; f16/bf16 rounded to the
+    operand type (a no-op for a half load, the reference's rounding for a prologue)."""
+    return text if k.operand == dtypes.F32 else f"{text}.to({TL_TYPE[k.operand]})"
+
+
+def _dot(k: Kernel, a: str, b: str) -> str:
+    """tl.dot of a and b: f32 operands in IEEE fp32; half operands on tensor cores,
+    accumulated in float32."""
+    if k.operand == dtypes.F32:
+        return f'tl.dot({a}, {b}, input_precision="ieee")'
+    return f"tl.dot({a}, {b}, out_dtype=tl.float32)"
+
+
+def _dialects(k: Kernel, *masks: str, keep=None):
+    """TritonDialects over k's buffer types, sharing one helper set."""
+    out = [TritonDialect(m, k.types, keep) for m in masks]
+    for d in out[1:]:
+        d.helpers = out[0].helpers
+    return out
+
+
+def _keep(k: Kernel, value) -> str | None:
+    """The operand type for a product operand that is a plain load (kept half, not
+    widened and narrowed again), else None."""
+    return k.operand if k.operand != dtypes.F32 and value[0] == "load" else None
+
+
 def _params(k: Kernel) -> list[str]:
     return ["out_ptr"] + [f"{r}_ptr" for r in k.reads]
 
@@ -133,7 +180,8 @@ def kernel_source(k: Kernel) -> str:
     warps = int(k.tiles.get("num_warps", 4))
     # pipeline stages: Triton's default unless a tuning chose (tuning.py); the interpreter ignores them
     stages = int(k.tiles["num_stages"]) if "num_stages" in k.tiles else None
-    sig = {p: "*fp32" for p in _params(k)}
+    sig = {"out_ptr": SIG_TYPE[k.types.get(k.out, dtypes.F32)]}
+    sig.update({f"{r}_ptr": SIG_TYPE[k.types.get(r, dtypes.F32)] for r in k.reads})
     sig.update({c: "constexpr" for c in constexprs})
     args = ", ".join(["out"] + k.reads)
     return "\n".join([
@@ -172,12 +220,12 @@ def _elementwise(k: Kernel):
     dims = k.axes["o"]
     n = math.prod(dims)
     block = int(k.tiles["BLOCK"])
-    d = TritonDialect("mask")
+    d, = _dialects(k, "mask")
     lines = ["pid = tl.program_id(0)", "offs = pid * BLOCK + tl.arange(0, BLOCK)", "mask = offs < N"]
     lines += axis_defs(d, "o", dims, var("offs", n), d.assign, used_vars(k.values["out"]))
     vl, texts = emit(d, {"out": k.values["out"]}, {}, "v")
     lines += vl
-    lines.append(f"tl.store(out_ptr + offs, {texts['out']}, mask=mask)")
+    lines.append(f"tl.store(out_ptr + offs, {_stored(k, texts['out'])}, mask=mask)")
     return lines, {"N": n, "BLOCK": block}, (("N", "BLOCK"),), d
 
 
@@ -186,8 +234,9 @@ def _gemm(k: Kernel):
     bsz, m, n, kk = (math.prod(ax[g]) for g in "bmnk")
     t = k.tiles
     bm, bn, bk = int(t["BM"]), int(t["BN"]), int(t["BK"])
-    d = TritonDialect("mask")
-    da, db = TritonDialect("mask_a"), TritonDialect("mask_b")
+    d, = _dialects(k, "mask")
+    da, = _dialects(k, "mask_a", keep=_keep(k, k.values["a"]))
+    db, = _dialects(k, "mask_b", keep=_keep(k, k.values["b"]))
     d.helpers = da.helpers = db.helpers
     lines = ["pid_m = tl.program_id(0)", "pid_n = tl.program_id(1)", "pid_b = tl.program_id(2)",
              "rm = pid_m * BM + tl.arange(0, BM)[:, None]",
@@ -208,21 +257,21 @@ def _gemm(k: Kernel):
     loop += axis_defs(d, "kb", ax["k"], var("rkb", kk), d.assign, used)
     la, ta = emit(da, {"a": k.values["a"]}, syms, "va")
     lb, tb = emit(db, {"b": k.values["b"]}, syms, "vb")
-    loop += la + [f"a = tl.where(mask_a, {ta['a']}, 0.0)"]
-    loop += lb + [f"b = tl.where(mask_b, {tb['b']}, 0.0)"]
-    loop.append('acc += tl.dot(a, b, input_precision="ieee")')
+    loop += la + ["a = " + _operand(k, f"tl.where(mask_a, {ta['a']}, 0.0)")]
+    loop += lb + ["b = " + _operand(k, f"tl.where(mask_b, {tb['b']}, 0.0)")]
+    loop.append(f"acc += {_dot(k, 'a', 'b')}")
     lines += ["for ks in range(0, K, BK):"] + _indent(loop)
     lines.append("mask = (rm < M) & (rn < N)")
     le, te = emit(d, {"out": k.values["out"]}, {"acc": "acc", **syms}, "ve")
     lines += le
-    lines.append(f"tl.store(out_ptr + {d.ix(k.store)}, {te['out']}, mask=mask)")
+    lines.append(f"tl.store(out_ptr + {d.ix(k.store)}, {_stored(k, te['out'])}, mask=mask)")
     return lines, consts, (("M", "BM"), ("N", "BN"), ("BATCH",)), d
 
 
 def _reduce(k: Kernel):
     rows, cols = math.prod(k.axes["r"]), math.prod(k.axes["c"])
     br, bc = int(k.tiles["BR"]), int(k.tiles["BC"])
-    d = TritonDialect("mask")
+    d, = _dialects(k, "mask")
     lines = ["pid = tl.program_id(0)", "rr = pid * BR + tl.arange(0, BR)[:, None]",
              "row_mask = rr < ROWS"]
     used = used_vars(*k.values.values(), k.store)
@@ -237,13 +286,13 @@ def _reduce(k: Kernel):
         return ["for cs in range(0, COLS, BC):"] + _indent(body)
 
     def finish(syms, store_mask):
-        de = TritonDialect(store_mask)      # per-row results: loads masked by the row
+        de = TritonDialect(store_mask, k.types)      # per-row results: loads masked by the row
         de.helpers = d.helpers
         el, te = emit(de, {"out": k.values["out"]}, syms, "ve")
         # a reduction to one value stores at a constant offset: `+ rr * 0` keeps the
         # pointer a block of the value's shape, which tl.store requires
         where = d.ix(k.store) + (" + rr * 0" if not k.store.deps() else "")
-        return el + [f"tl.store(out_ptr + {where}, {te['out']}, mask={store_mask})"]
+        return el + [f"tl.store(out_ptr + {where}, {_stored(k, te['out'])}, mask={store_mask})"]
 
     op = k.op
     if op in ("sum", "mean", "max"):
@@ -281,8 +330,8 @@ def _attention(k: Kernel):
     t = k.tiles
     bm, bn = int(t["BM"]), int(t["BN"])
     bd, be = int(t.get("BD", attention_pad(dd))), int(t.get("BE", attention_pad(e)))
-    d = TritonDialect("mask_o")
-    dq, dk, ds, dv = (TritonDialect(f"mask_{x}") for x in "qksv")
+    d, ds = _dialects(k, "mask_o", "mask_s")
+    dq, dk, dv = (_dialects(k, f"mask_{x}", keep=_keep(k, k.values[x]))[0] for x in "qkv")
     dq.helpers = dk.helpers = ds.helpers = dv.helpers = d.helpers
     d.helpers.update({"max", "sum"})
     used = used_vars(*k.values.values(), k.store)
@@ -297,7 +346,7 @@ def _attention(k: Kernel):
     lines += define("m0", "rm") + define("dq0", "rd") + define("dk0", "rdk") + define("e0", "re")
     lines.append("mask_q = (rm < M) & (rd < D)")
     lq, tq = emit(dq, {"q": k.values["q"]}, {}, "vq")
-    lines += lq + [f"q = tl.where(mask_q, {tq['q']}, 0.0)",
+    lines += lq + ["q = " + _operand(k, f"tl.where(mask_q, {tq['q']}, 0.0)"),
                    'm_i = tl.full((BM, 1), float("-inf"), tl.float32)',
                    "l_i = tl.full((BM, 1), 0.0, tl.float32)", "acc = tl.full((BM, BE), 0.0, tl.float32)"]
     loop = ["rn = ns + tl.arange(0, BN)[None, :]", "rnv = ns + tl.arange(0, BN)[:, None]",
@@ -305,7 +354,7 @@ def _attention(k: Kernel):
             "mask_v = (rnv < N) & (re < E)"]
     loop += define("nk0", "rn") + define("ns0", "rn") + define("nv0", "rnv") + define("ev0", "re")
     lk, tk = emit(dk, {"k": k.values["k"]}, {}, "vk")
-    loop += lk + [f"kt = tl.where(mask_k, {tk['k']}, 0.0)", 's = tl.dot(q, kt, input_precision="ieee")']
+    loop += lk + ["kt = " + _operand(k, f"tl.where(mask_k, {tk['k']}, 0.0)"), f"s = {_dot(k, 'q', 'kt')}"]
     if k.values["bias"] != ("const", 0.0):       # (access-literal 0.0): no bias to add
         lb, tb = emit(ds, {"bias": k.values["bias"]}, {}, "vs")
         loop += lb + [f"s = s + {tb['bias']}"]
@@ -317,8 +366,10 @@ def _attention(k: Kernel):
              "alpha = tl.exp(m_i - shift)", "p = tl.exp(s - shift)",
              "l_i = l_i * alpha + tl.reduce(p, 1, _add)[:, None]"]
     lv, tv = emit(dv, {"v": k.values["v"]}, {}, "vv")
-    loop += lv + [f"vt = tl.where(mask_v, {tv['v']}, 0.0)",
-                  'acc = acc * alpha + tl.dot(p, vt, input_precision="ieee")', "m_i = m_new"]
+    # half operands: p is rounded to v's type for the tensor-core product, as
+    # FlashAttention does (the reference keeps it float32 inside the atom)
+    loop += lv + ["vt = " + _operand(k, f"tl.where(mask_v, {tv['v']}, 0.0)"),
+                  f"acc = acc * alpha + {_dot(k, _operand(k, 'p'), 'vt')}", "m_i = m_new"]
     lines += ["for ns in range(0, N, BN):"] + _indent(loop)
     # every score -inf: l_i = 0 and 0 / 0 is the NaN softmax gives; SAFE makes that row
     # 0, and a row with a NaN score too (its l_i is NaN, so l_i > 0 fails)
@@ -327,6 +378,6 @@ def _attention(k: Kernel):
     le, te = emit(d, {"out": k.values["out"]}, {"acc": "acc"}, "vo")
     # the store's pointer must be a (BM, BE) block even where the offset ignores m or e
     full = "" if {"m0", "e0"} <= k.store.deps() else " + rm * 0 + re * 0"
-    lines += le + [f"tl.store(out_ptr + {d.ix(k.store)}{full}, {te['out']}, mask=mask_o)"]
+    lines += le + [f"tl.store(out_ptr + {d.ix(k.store)}{full}, {_stored(k, te['out'])}, mask=mask_o)"]
     consts = {"BATCH": bsz, "M": m, "N": n, "D": dd, "E": e, "BM": bm, "BN": bn, "BD": bd, "BE": be}
     return lines, consts, (("M", "BM"), ("BATCH",)), d
