@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from apsat.pipeline.outcome import first_report
-from apsat.pipeline.precision import bound, check_request, facts, half_type, judged
+from apsat.pipeline.precision import bound, check_request, half_type, in_half, judged
 from apsat.lang.program import Program
 from apsat.errors import ApsatError, InternalError, is_internal
 from apsat.pipeline.internal import PhaseTracker
@@ -199,15 +199,17 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
     shapes, representatives = input_shapes
     lower = half_type(precision[0]) is not None
     m, eg, handles, loaded = _load(model, target, tell, seconds, shapes or given_shapes(inputs, model),
-                                   representatives, seed if verify and inputs is None else None,
-                                   not rules and not lower)
+                                   representatives, seed if verify and inputs is None else None, not rules)
     if lower or precision[1] is not None:
         check_request(*precision, target, m.program)
-        eg.load_text(facts(precision[0]), what=f"setting the facts of precision {precision[0]}")
     given = _given_inputs(inputs, m)
     saturation = _saturate(eg, m, rules, regions, tell, seconds, **limits)
     rule_check = _check_rules(eg, m, check_rules, given, seed, tell, seconds) if rules else None
     candidates = _timed("extract", tell, seconds, _extract, eg, handles, extractor)
+    source = m.program          # what the e-graph was built from (the why-trace starts there)
+    if lower:
+        source, eg, candidates = in_half(eg, candidates, saturation, (backend, tgt, m.weights, lowering or {}),
+                                         precision[0], extractor, lambda *a: _timed(a[0], tell, seconds, *a[1:]))
     extracted = candidates[0][1]
     program, lowered, planned = _timed("lower", tell, seconds, plan, backend, candidates, tgt, m.weights,
                                        lowering or {})
@@ -215,7 +217,7 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
                     lowering or {}, extracted, planned) if planned else None
     report = first_report(m, target, rules, program, eg, loaded, saturation, seconds)
     held, eg = [eg], None       # its last reference: the e-graph is let go inside the why phase
-    report["why"] = _timed("why", tell, seconds, _why, held, m, program, candidates)
+    report["why"] = _timed("why", tell, seconds, _why, held, source, program, candidates)
     into_extraction(report["extraction"], planned, before)
     report.update({"limits": limits}, **({"rule_check": rule_check} if rule_check else {}))
     report[backend.name] = lowered.report
@@ -235,7 +237,7 @@ def _optimize(model, target, rules, extractor, verify, seed, tell, regions, lowe
     return OptimizeResult(program, m, report, lowered, backend, outputs, general)
 
 
-def _why(held: list, m, program, candidates) -> dict:
+def _why(held: list, source, program, candidates) -> dict:
     """The why-trace of the chosen program (apsat.pipeline.trace). The e-graph (`held`, its
     only reference: released to the pool, or dropped) and the copy extraction left on each
     candidate are let go here, inside the timed phase: freed on return they were seconds
@@ -248,7 +250,7 @@ def _why(held: list, m, program, candidates) -> dict:
     eg = held.pop()
     library = getattr(eg, "library", None) or RuleLibrary()
     try:
-        return why_trace(eg, m.program, program, library)
+        return why_trace(eg, source, program, library)
     finally:
         for _, candidate in candidates:
             candidate.graph = None

@@ -16,6 +16,12 @@ PrecisionError (a VerificationError: `apsat optimize` exits 1).
 
 The default bound is the half type's verification tolerance (8 ulps of the type:
 7.8e-3 for f16, 6.3e-2 for bf16; apsat.pipeline.verify.half_tolerance).
+
+Where the rules run: on a second e-graph, that of the float32 program the target's plan
+chose (`half_egraph`), not beside every alternative of the first. Mirroring the whole e-graph
+in the half type costs what the layout phase built many times over (ResNet-50: 95 s for 24
+iterations over 10,000 e-nodes there, under 2 s on the chosen program's e-graph); the
+price is that a layout is chosen for float32 before the precision is.
 """
 from __future__ import annotations
 
@@ -95,4 +101,42 @@ def judged(precision: str, max_error, verification: dict, program) -> dict:
     if not err <= limit:
         raise PrecisionError(f"precision {precision}: the result's error against the float32 original, "
                              f"{err:.2e} of the output's scale, passes the bound {limit:.1e} (max_error)")
+    if not verification["ok"]:     # within the bound where finite: NaN or infinities differ
+        raise PrecisionError(f"precision {precision}: the result's NaN or infinities differ from the float32 "
+                             f"original's (a value past the range of {h}?)")
     return out
+
+
+PRECISION_LIMITS = {"iter_limit": 40, "node_limit": 100_000, "time_limit": 60.0}
+
+
+def half_egraph(program, target: str, precision: str, extractor: str):
+    """The e-graph of `program` (the chosen float32 program) saturated with the precision
+    rules under PRECISION_LIMITS: (e-graph, output handles, extraction candidates,
+    the phase's report)."""
+    from apsat.egraph.driver import EGraph
+    from apsat.extract import extract_candidates
+    from apsat.rules.saturate import saturate
+
+    eg = EGraph(target=target)
+    handles = eg.add_outputs(program)
+    eg.load_text(facts(precision), what=f"setting the facts of precision {precision}")
+    report = saturate(eg, ["precision"], **PRECISION_LIMITS)
+    phase = dict(report["phases"][0], phase="precision")
+    return eg, handles, extract_candidates(eg, handles, method=extractor), phase
+
+
+def in_half(eg, candidates, saturation, lowering, precision: str, extractor: str, timed):
+    """The precision rules on the e-graph of the float32 program the plan chooses among
+    `candidates` (apsat.pipeline.precision.half_egraph says why there): (that program, the
+    new e-graph, its candidates and the float32 choice, never worse than it). `eg` is let
+    go; the phase joins saturation["phases"]. `lowering`: (backend, target, weights, options)
+    as plan takes them; `timed(phase, fn, *args)` runs a timed pipeline phase."""
+    from apsat.pipeline.egraph_pool import release
+    from apsat.pipeline.plan import plan
+
+    release(eg)
+    source = timed("float32 plan", plan, lowering[0], candidates, *lowering[1:])[0]
+    eg, _, half, phase = timed("precision", half_egraph, source, lowering[1].name, precision, extractor)
+    saturation["phases"].append(phase)
+    return source, eg, half + [("float32", source)]

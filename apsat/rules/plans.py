@@ -64,14 +64,14 @@ class Phase:
 # systolic, whose pattern it produces. Fusion runs for systolic targets too: the backend
 # maps a fused atom to the array plus a vector epilogue, saving the bias/activation DRAM
 # round trips (benchmarks/systolic.py: squeezenet 1.80x less DRAM traffic on 32x32).
-# "precision" runs last, and only fires where a precision was asked (its facts set): it
-# lowers the atoms fusion and merge built, so a half product keeps its fused epilogue.
+# The precision rules join no plan: they run where a precision is asked, on the e-graph of
+# the float32 program the plan chose (apsat/pipeline/precision.py says why).
 # The phases of each target's plan, in order, with their limits; the rulesets of a phase
 # are those whose rule file declares `(ruleset NAME :phase PHASE)` (apsat/rules/loader.py),
 # in the order the files load (built-ins by file name, then the user's).
 PLANS: dict[str, tuple[Phase, ...]] = {
     "gpu": (Phase("affine"), Phase("layout", iter_limit=12), Phase("algebra", iter_limit=8), Phase("fusion"),
-            Phase("relayout"), Phase("merge", iter_limit=9, whole=True), Phase("precision", iter_limit=24)),
+            Phase("relayout"), Phase("merge", iter_limit=9, whole=True)),
     "systolic": (Phase("affine"), Phase("layout", iter_limit=16), Phase("fusion"), Phase("relayout"),
                  Phase("im2col", iter_limit=16), Phase("systolic")),
 }
