@@ -1,0 +1,184 @@
+"""Element width on the systolic array: apsat's model against SCALE-Sim at 8 and 16 bits.
+
+SCALE-Sim 3.0 sizes its scratchpads in bytes and holds `word_size` bytes an element, but
+fixes word_size = 1 in single_layer_sim.py ("this can be incorporated in the config
+file"); its DRAM bandwidth and its DRAM counts are in elements. `run` sets word_size by
+patching the scratchpad's set_params in the worker process, so a 2-byte run holds half
+the elements in the same 64 kB scratchpads; nothing else in SCALE-Sim changes.
+
+Commands:
+
+    python benchmarks/systolic_width.py run [--python PY] [--out CSV] [--cap S] [--models sq,rn]
+        every distinct conv configuration of light SqueezeNet (sq) and light ResNet-50 (rn)
+        (from ../shared/bench/systolic/scalesim_32x32.csv beside the repository), in the
+        32x32 preset's dataflow (os), through SCALE-Sim at 1- and 2-byte words on a 32x32
+        array, 64 kB scratchpads, CALC bandwidth; one subprocess a run, capped at S seconds
+        (a capped run is a `timeout` row). PY defaults as in calibrate_systolic.py.
+    python benchmarks/systolic_width.py compare [CSV]
+        per model, SCALE-Sim's cycles and DRAM words/bytes (count-weighted sums over the
+        conv layers) at 8 and 16 bits against apsat's model (gemm_cost, os, the 32x32
+        preset with unlimited bandwidth, operand_bytes 1 and 2) on the same layers. A
+        capped run's cycles are the closed form (exact for all finished CALC runs) and its
+        DRAM words apsat's model, marked "*" with the count.
+
+The default CSV is benchmarks/data/scalesim_width_32x32.csv (benchmarks/data/README.md).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import calibrate_systolic as cal  # noqa: E402
+
+DEFAULT_CSV = ROOT / "benchmarks" / "data" / "scalesim_width_32x32.csv"
+WIDTHS = (1, 2)
+MODELS = {"sq": "SqueezeNet", "rn": "ResNet-50"}
+FIELDS = ["model", "cid", "count", "word_bytes", "H", "W", "R", "S", "C", "K", "stride",
+          "dataflow", "m", "k", "n", "status", "total_cycles", "stall_cycles",
+          "ifmap_dram_reads", "filter_dram_reads", "ofmap_dram_writes", "sim_s"]
+
+
+def configs(path: Path, models: list[str], dataflow: str = "os") -> list[dict]:
+    """The shared CSV's distinct conv configurations of `models` in `dataflow`, as
+    calibrate_systolic specs (32x32, 64 kB, CALC) with model, cid and count."""
+    out = []
+    for r in cal.read_csv(path):
+        if r["model"] in models and r["dataflow"] == dataflow:
+            spec = cal.conv(f"{r['cid']}_{dataflow}", r["model"], int(r["Hp"]), int(r["Wp"]), int(r["R"]),
+                            int(r["S"]), int(r["C"]), int(r["K"]), int(r["stride"]), df=dataflow)
+            out.append({**spec, "model": r["model"], "cid": r["cid"], "count": int(r["count"])})
+    return out
+
+
+def worker(spec: dict) -> dict:
+    """calibrate_systolic.worker with SCALE-Sim's word size set to spec["word_bytes"]."""
+    from scalesim.memory.double_buffered_scratchpad_mem import double_buffered_scratchpad as dbs
+
+    plain = dbs.set_params
+
+    def sized(self, *args, **kw):
+        kw["word_size"] = int(spec["word_bytes"])
+        return plain(self, *args, **kw)
+
+    dbs.set_params = sized
+    return cal.worker(spec)
+
+
+def run_one(spec: dict, python: str, cap: float) -> dict:
+    """One spec at one width in a fresh subprocess; a `timeout` row past `cap` seconds."""
+    m, k, n = cal.mnk(spec)
+    row = {f: spec.get(f, "") for f in FIELDS} | {"m": m, "k": k, "n": n}
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([python, str(Path(__file__).resolve()), "_worker", json.dumps(spec)],
+                              capture_output=True, text=True, timeout=cap, check=False)
+    except subprocess.TimeoutExpired:
+        return row | {"status": "timeout", "sim_s": round(time.perf_counter() - t0, 1)}
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return row | {"status": f"error: {tail[0]}"}
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    return row | {f: res[f] for f in FIELDS if f in res} | {"status": "ok"}
+
+
+def model_figures(row: dict, word_bytes: int) -> tuple[int, int]:
+    """(cycles, DRAM words) of apsat's model for one configuration: gemm_cost in os on
+    the 32x32 preset, unlimited bandwidth (SCALE-Sim's CALC), operand_bytes = word_bytes."""
+    import dataclasses
+    import math
+
+    from apsat.targets.accelerator import PRESETS
+    from apsat.targets.systolic import gemm_cost
+
+    acc = dataclasses.replace(PRESETS["32x32"], dram_bandwidth=math.inf, operand_bytes=word_bytes,
+                              accumulator_bytes=word_bytes)
+    c = gemm_cost(acc, int(row["m"]), int(row["k"]), int(row["n"]), row["dataflow"])
+    return c.total_cycles, c.dram_words
+
+
+def totals(rows: list[dict]) -> dict:
+    """Per (model, word_bytes): count-weighted SCALE-Sim and model cycles and DRAM words,
+    and how many configurations fell back to the closed form and the model."""
+    out: dict = {}
+    for r in rows:
+        wb, cnt = int(r["word_bytes"]), int(r["count"])
+        t = out.setdefault((r["model"], wb), dict(ss_cycles=0, ss_words=0, ap_cycles=0, ap_words=0,
+                                                  runs=0, filled=0))
+        cyc, words = model_figures(r, wb)
+        t["ap_cycles"] += cnt * cyc
+        t["ap_words"] += cnt * words
+        t["runs"] += 1
+        if r["status"] == "ok":
+            t["ss_cycles"] += cnt * int(r["total_cycles"])
+            t["ss_words"] += cnt * sum(int(r[f]) for f in ("ifmap_dram_reads", "filter_dram_reads",
+                                                           "ofmap_dram_writes"))
+        else:
+            t["filled"] += 1
+            t["ss_cycles"] += cnt * cyc
+            t["ss_words"] += cnt * words
+    return out
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The comparison as markdown lines: per model and width, cycles, DRAM words and
+    bytes for SCALE-Sim and apsat's model, and apsat / SCALE-Sim."""
+    lines = ["| model | bits | SCALE-Sim cycles | apsat cycles | SCALE-Sim DRAM words (bytes) "
+             "| apsat DRAM words (bytes) | apsat / SCALE-Sim words |",
+             "|---|---|---|---|---|---|---|"]
+    for (model, wb), t in sorted(totals(rows).items(), key=lambda kv: (list(MODELS).index(kv[0][0]), kv[0][1])):
+        mark = f" *{t['filled']}" if t["filled"] else ""
+        lines.append(f"| {MODELS.get(model, model)} | {8 * wb} | {t['ss_cycles']:,}{mark} | {t['ap_cycles']:,} "
+                     f"| {t['ss_words']:,} ({wb * t['ss_words']:,}){mark} | {t['ap_words']:,} "
+                     f"({wb * t['ap_words']:,}) | {t['ap_words'] / t['ss_words']:.3f} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p_run = sub.add_parser("run", help="run the conv configurations through SCALE-Sim at 1 and 2 bytes")
+    p_run.add_argument("--python", default=cal.DEFAULT_PY)
+    p_run.add_argument("--out", type=Path, default=DEFAULT_CSV)
+    p_run.add_argument("--cap", type=float, default=120.0, help="seconds a run may take")
+    p_run.add_argument("--models", default="sq,rn")
+    p_run.add_argument("--shared", type=Path, default=cal.SHARED_CSV)
+    p_cmp = sub.add_parser("compare", help="SCALE-Sim vs apsat's model at 8 and 16 bits")
+    p_cmp.add_argument("csv", nargs="?", type=Path, default=DEFAULT_CSV)
+    w = sub.add_parser("_worker")
+    w.add_argument("spec")
+    args = ap.parse_args(argv)
+
+    if args.cmd == "_worker":
+        print(json.dumps(worker(json.loads(args.spec))))
+        return 0
+    sys.path.insert(0, str(ROOT))
+    if args.cmd == "compare":
+        for line in table(cal.read_csv(args.csv)):
+            print(line)
+        return 0
+    specs = configs(args.shared, args.models.split(","))
+    rows = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=FIELDS)
+        wr.writeheader()
+        for spec in specs:
+            for wb in WIDTHS:
+                row = run_one({**spec, "word_bytes": wb}, args.python, args.cap)
+                rows.append(row)
+                wr.writerow(row)
+                f.flush()
+                print(f"{row['cid']} {8 * wb}-bit {row['status']} {row.get('sim_s', '')}", flush=True)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
