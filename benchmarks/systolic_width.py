@@ -14,12 +14,16 @@ Commands:
         32x32 preset's dataflow (os), through SCALE-Sim at 1- and 2-byte words on a 32x32
         array, 64 kB scratchpads, CALC bandwidth; one subprocess a run, capped at S seconds
         (a capped run is a `timeout` row). PY defaults as in calibrate_systolic.py.
-    python benchmarks/systolic_width.py compare [CSV]
+    python benchmarks/systolic_width.py compare [CSV] [--streams] [--cache DIR]
         per model, SCALE-Sim's cycles and DRAM words/bytes (count-weighted sums over the
         conv layers) at 8 and 16 bits against apsat's model (gemm_cost, os, the 32x32
         preset with unlimited bandwidth, operand_bytes 1 and 2) on the same layers. A
         capped run's cycles are the closed form (exact for all finished CALC runs) and its
-        DRAM words apsat's model, marked "*" with the count.
+        DRAM words apsat's model, marked "*" with the count. --streams adds the whole
+        light models' compiled streams on the 32x32 preset (its 64 bytes a cycle) at 8
+        and 16 bits: the baseline program (every conv its own im2col GEMM, as SCALE-Sim
+        assumes) in os, and apsat's program on the flexible array, each extracted for
+        its width (benchmarks/systolic.py's plans; programs cached in DIR).
 
 The default CSV is benchmarks/data/scalesim_width_32x32.csv (benchmarks/data/README.md).
 """
@@ -140,6 +144,74 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _extracted(model, acc, plan, cache: Path, key: str):
+    """`model`'s program saturated under `plan` (None: the target's default plan) and
+    extracted by `acc`'s cost model; cached as DAG text under `key`."""
+    from apsat.explore.egraph import EGraph
+    from apsat.extract import extract
+    from apsat.lang.program import Program
+    from apsat.lang.syntax import parse_dag_text, to_dag_text
+
+    file = cache / f"{key}.txt"
+    if file.exists() and not model.program.opaque_nodes:
+        return Program(parse_dag_text(file.read_text()), dict(model.program.tensor_shapes))
+    eg = EGraph(target=acc)
+    handles = eg.add_outputs(model.program)
+    if plan is None:
+        eg.saturate()
+    for rulesets, iters in plan or ():
+        eg.saturate(rules=list(rulesets), iter_limit=iters)
+    prog = extract(eg, handles)
+    if not model.program.opaque_nodes:
+        file.write_text(to_dag_text(prog.outputs))
+    return prog
+
+
+def streams(names=("squeezenet", "resnet50"), cache: Path = Path("/tmp/apsat-systolic-width")) -> list[dict]:
+    """Per light model, program (baseline in os, apsat on the flexible array) and width
+    (1, 2 bytes): the compiled stream's total cycles, DRAM words and bytes on the 32x32
+    preset, the cost-model lowering."""
+    import dataclasses
+
+    import onnx
+
+    import systolic as bench
+    from apsat.backends import systolic
+    from apsat.frontend.importer import load_onnx
+    from apsat.pipeline.zoo import light_model_paths, randomize_weights
+    from apsat.targets.accelerator import FLEX, PRESETS
+
+    cache.mkdir(parents=True, exist_ok=True)
+    out = []
+    for path in light_model_paths():
+        name = path.stem.replace("light_", "")
+        if name not in names:
+            continue
+        model = load_onnx(randomize_weights(onnx.load(str(path)), seed=0))
+        for program, plan, df in (("baseline", bench.BASELINE_PLAN, "os"), ("apsat", bench.APSAT_PLAN, FLEX)):
+            for wb in WIDTHS:
+                acc = dataclasses.replace(PRESETS["32x32"], dataflow=df, operand_bytes=wb, accumulator_bytes=wb)
+                prog = _extracted(model, acc, plan, cache, f"{name}-{program}-{df}-{wb}")
+                rep = systolic.cycles(systolic.compile(prog, acc, weights=model.weights))
+                out.append({"model": name, "program": program, "dataflow": df, "word_bytes": wb,
+                            "cycles": rep["total_cycles"], "dram_words": rep["dram"]["total"],
+                            "dram_bytes": rep["dram"]["bytes"]})
+                print(f"  {name} {program} {8 * wb}-bit: {out[-1]['cycles']:,} cycles", flush=True)
+    return out
+
+
+def stream_table(rows: list[dict]) -> list[str]:
+    """The streams' figures as markdown lines, 16-bit over 8-bit beside them."""
+    lines = ["| model | program | bits | cycles | DRAM words | DRAM bytes | cycles / 8-bit | bytes / 8-bit |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        base = next(x for x in rows if (x["model"], x["program"], x["word_bytes"]) == (r["model"], r["program"], 1))
+        lines.append(f"| {r['model']} | {r['program']} ({r['dataflow']}) | {8 * r['word_bytes']} | {r['cycles']:,} "
+                     f"| {r['dram_words']:,} | {r['dram_bytes']:,} | {r['cycles'] / base['cycles']:.3f} "
+                     f"| {r['dram_bytes'] / base['dram_bytes']:.3f} |")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -151,6 +223,8 @@ def main(argv=None) -> int:
     p_run.add_argument("--shared", type=Path, default=cal.SHARED_CSV)
     p_cmp = sub.add_parser("compare", help="SCALE-Sim vs apsat's model at 8 and 16 bits")
     p_cmp.add_argument("csv", nargs="?", type=Path, default=DEFAULT_CSV)
+    p_cmp.add_argument("--streams", action="store_true", help="also the light models' compiled streams")
+    p_cmp.add_argument("--cache", type=Path, default=Path("/tmp/apsat-systolic-width"))
     w = sub.add_parser("_worker")
     w.add_argument("spec")
     args = ap.parse_args(argv)
@@ -162,6 +236,11 @@ def main(argv=None) -> int:
     if args.cmd == "compare":
         for line in table(cal.read_csv(args.csv)):
             print(line)
+        if args.streams:
+            rows = streams(cache=args.cache)
+            print()
+            for line in stream_table(rows):
+                print(line)
         return 0
     specs = configs(args.shared, args.models.split(","))
     rows = []
