@@ -101,8 +101,7 @@ def model_figures(row: dict, word_bytes: int) -> tuple[int, int]:
     from apsat.targets.accelerator import PRESETS
     from apsat.targets.systolic import gemm_cost
 
-    acc = dataclasses.replace(PRESETS["32x32"], dram_bandwidth=math.inf, operand_bytes=word_bytes,
-                              accumulator_bytes=word_bytes)
+    acc = dataclasses.replace(PRESETS["32x32"], dram_bandwidth=math.inf, operand_bytes=word_bytes)
     c = gemm_cost(acc, int(row["m"]), int(row["k"]), int(row["n"]), row["dataflow"])
     return c.total_cycles, c.dram_words
 
@@ -190,7 +189,7 @@ def streams(names=("squeezenet", "resnet50"), cache: Path = Path("/tmp/apsat-sys
         model = load_onnx(randomize_weights(onnx.load(str(path)), seed=0))
         for program, plan, df in (("baseline", bench.BASELINE_PLAN, "os"), ("apsat", bench.APSAT_PLAN, FLEX)):
             for wb in WIDTHS:
-                acc = dataclasses.replace(PRESETS["32x32"], dataflow=df, operand_bytes=wb, accumulator_bytes=wb)
+                acc = dataclasses.replace(PRESETS["32x32"], dataflow=df, operand_bytes=wb)
                 prog = _extracted(model, acc, plan, cache, f"{name}-{program}-{df}-{wb}")
                 rep = systolic.cycles(systolic.compile(prog, acc, weights=model.weights))
                 out.append({"model": name, "program": program, "dataflow": df, "word_bytes": wb,

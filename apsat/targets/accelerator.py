@@ -67,7 +67,9 @@ class Accelerator:
         rounds values to it (apsat/backends/systolic/simulate.py).
     accumulator_bytes: bytes of an accumulator: the ofmap scratchpad's values and the
         partial sums ws and is drain to DRAM (one of ELEMENT_BYTES, at least
-        operand_bytes; default None: operand_bytes, the one word size SCALE-Sim has).
+        operand_bytes), or None (the default): the operand width, the one word size
+        SCALE-Sim has, so that replacing operand_bytes alone widens both. The models
+        read `accumulator_width`, which resolves None.
 
     Construction validates every field and raises ApsatError with a one-line message.
     """
@@ -117,18 +119,22 @@ class Accelerator:
                     f"cannot hold one {self.rows}x{self.cols} tile ({tile} words)")
 
     def _check_widths(self, who: str) -> None:
-        """Validate operand_bytes and accumulator_bytes; None accumulators take the
-        operand width."""
-        if self.accumulator_bytes is None:
-            object.__setattr__(self, "accumulator_bytes", self.operand_bytes)
+        """Validate operand_bytes and accumulator_bytes (None: the operand width)."""
         for f in ("operand_bytes", "accumulator_bytes"):
             v = getattr(self, f)
+            if f == "accumulator_bytes" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v not in ELEMENT_BYTES:
                 raise ApsatError(f"{who}: {f} must be one of {', '.join(map(str, ELEMENT_BYTES))} "
                                  f"(bytes an element), got {v!r}")
-        if self.accumulator_bytes < self.operand_bytes:
+        if self.accumulator_width < self.operand_bytes:
             raise ApsatError(f"{who}: accumulator_bytes ({self.accumulator_bytes}) must be at least "
                              f"operand_bytes ({self.operand_bytes})")
+
+    @property
+    def accumulator_width(self) -> int:
+        """Bytes of an accumulator: accumulator_bytes, or operand_bytes where None."""
+        return self.operand_bytes if self.accumulator_bytes is None else self.accumulator_bytes
 
     @property
     def ifmap_words(self) -> int:
@@ -143,7 +149,7 @@ class Accelerator:
     @property
     def ofmap_words(self) -> int:
         """Capacity of the ofmap scratchpad in accumulator words (both halves)."""
-        return self.ofmap_kb * WORDS_PER_KB // self.accumulator_bytes
+        return self.ofmap_kb * WORDS_PER_KB // self.accumulator_width
 
     @property
     def macs_per_cycle(self) -> int:
@@ -193,7 +199,7 @@ _TOML_REQUIRED = {"rows", "cols"}
 def load_accelerator(path) -> Accelerator:
     """An Accelerator from a TOML file whose top-level keys are Accelerator's fields
     (rows and cols required; the others default to the 32x32 preset's values, name to
-    the file's stem, accumulator_bytes to operand_bytes; dram_bandwidth may be the TOML float inf). ApsatError (one line,
+    the file's stem, accumulator_bytes to the operand width; dram_bandwidth may be the TOML float inf). ApsatError (one line,
     naming the file) for an unreadable or malformed file, unknown or missing keys and
     invalid values."""
     path = Path(path)

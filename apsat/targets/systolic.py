@@ -50,14 +50,10 @@ hand columns to the vector unit (apsat/targets/vector_share.py).
 The attention atom: attention_plan (whether its scores stay on chip, in what blocks) and
 attention_cycles (what that costs), called by the cost model and the backend alike.
 
-Units: one word is one tensor element (apsat/targets/accelerator.py): traffic is counted
-in words, and in bytes (`GemmCost.dram_bytes`): operands at `operand_bytes`, outputs at
-`operand_bytes` too unless ws or is drain partial sums (more than one row fold), whose
-writes then all move accumulators (`accumulator_bytes`: the output buffer holds
-accumulators until the last fold has added to it). Scratchpad capacities in words
-follow from the widths (Accelerator.ifmap_words ...), so narrower elements fit more of a
-product on chip. Bandwidth is in bytes per cycle, so a read interface moves
-dram_bandwidth / operand_bytes words a cycle.
+Units (apsat/targets/accelerator.py): a word is one element; traffic is counted in words
+and in bytes (`GemmCost.dram_bytes`, operand_bytes a word, accumulator_width for the
+writes of a ws/is product that drains partial sums: output_bytes). Capacities in words
+follow from the widths; bandwidth is bytes per cycle (dram_bandwidth / width words).
 """
 from __future__ import annotations
 
@@ -257,7 +253,7 @@ def _gemm_cost(acc: Accelerator, m: int, k: int, n: int, df: str) -> GemmCost:
 def output_bytes(acc: Accelerator, dataflow: str, row_folds: int) -> int:
     """Bytes a word of a product's output moves to DRAM: accumulators where ws or is
     drain partial sums (more than one row fold), else operands."""
-    return acc.accumulator_bytes if dataflow in ("ws", "is") and row_folds > 1 else acc.operand_bytes
+    return acc.accumulator_width if dataflow in ("ws", "is") and row_folds > 1 else acc.operand_bytes
 
 
 def closed_form_cycles(acc: Accelerator, m: int, k: int, n: int) -> int:

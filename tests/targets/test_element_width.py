@@ -21,15 +21,17 @@ def _products(seed=7, count=40):
 
 
 def _wide(acc, operand=2, accumulator=None):
-    return dataclasses.replace(acc, operand_bytes=operand, accumulator_bytes=accumulator or operand)
+    return dataclasses.replace(acc, operand_bytes=operand, accumulator_bytes=accumulator)
 
 
 def test_defaults_are_one_byte_words():
     for acc in PRESETS.values():
-        assert (acc.operand_bytes, acc.accumulator_bytes) == (1, 1)
+        assert (acc.operand_bytes, acc.accumulator_width) == (1, 1)
     a = Accelerator(4, 4)
-    assert (a.operand_bytes, a.accumulator_bytes) == (1, 1)
-    assert Accelerator(4, 4, operand_bytes=2).accumulator_bytes == 2      # None: the operand width
+    assert (a.operand_bytes, a.accumulator_bytes, a.accumulator_width) == (1, None, 1)
+    # None follows the operand width, also through dataclasses.replace
+    wide = dataclasses.replace(PRESETS["32x32"], operand_bytes=2)
+    assert (wide.accumulator_width, wide.ofmap_words) == (2, 32768)
     assert PRESETS["32x32"].ifmap_words == 65536
 
 
@@ -56,10 +58,10 @@ def test_toml_widths(tmp_path):
     p = tmp_path / "half.toml"
     p.write_text("rows = 32\ncols = 32\noperand_bytes = 2\n")
     acc = load_accelerator(p)
-    assert (acc.operand_bytes, acc.accumulator_bytes, acc.ifmap_words, acc.ofmap_words) == (2, 2, 32768, 32768)
+    assert (acc.operand_bytes, acc.accumulator_width, acc.ifmap_words, acc.ofmap_words) == (2, 2, 32768, 32768)
     p.write_text("rows = 32\ncols = 32\naccumulator_bytes = 4\n")
     acc = load_accelerator(p)
-    assert (acc.operand_bytes, acc.accumulator_bytes, acc.ifmap_words, acc.ofmap_words) == (1, 4, 65536, 16384)
+    assert (acc.operand_bytes, acc.accumulator_width, acc.ifmap_words, acc.ofmap_words) == (1, 4, 65536, 16384)
     p.write_text('rows = 32\ncols = 32\noperand_bytes = "2"\n')
     with pytest.raises(ApsatError, match=r"half.toml: .*operand_bytes must be one of"):
         load_accelerator(p)

@@ -120,9 +120,9 @@ def element_bytes(stream: Stream, ins, accumulators: set[str]) -> int:
     operand_bytes."""
     acc = stream.accel
     if isinstance(ins, Store) and ins.dst in accumulators:
-        return acc.accumulator_bytes
+        return acc.accumulator_width
     if isinstance(ins, Load) and ins.dst.sp == "ofmap" and stream.views[ins.src].base in accumulators:
-        return acc.accumulator_bytes
+        return acc.accumulator_width
     return acc.operand_bytes
 
 

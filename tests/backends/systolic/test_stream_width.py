@@ -16,7 +16,7 @@ from apsat.targets.systolic import gemm_cost
 
 
 def _wide(acc, operand=2, accumulator=None):
-    return dataclasses.replace(acc, operand_bytes=operand, accumulator_bytes=accumulator or operand)
+    return dataclasses.replace(acc, operand_bytes=operand, accumulator_bytes=accumulator)
 
 
 def _gemm(m, k, n):
@@ -86,4 +86,6 @@ def test_widths_survive_the_text_form():
     back = sab.parse(sab.to_text(stream))
     assert (back.accel.operand_bytes, back.accel.accumulator_bytes) == (2, 4)
     old = sab.to_text(stream).replace(" operand_bytes=2 accumulator_bytes=4", "")
-    assert (sab.parse(old).accel.operand_bytes, sab.parse(old).accel.accumulator_bytes) == (1, 1)
+    assert (sab.parse(old).accel.operand_bytes, sab.parse(old).accel.accumulator_width) == (1, 1)
+    plain = sab.compile(_gemm(40, 30, 20), _wide(small_acc("os", kb=2)), weights={"b"})
+    assert sab.parse(sab.to_text(plain)).accel == plain.accel        # None stays None
