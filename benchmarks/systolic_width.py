@@ -49,15 +49,23 @@ FIELDS = ["model", "cid", "count", "word_bytes", "H", "W", "R", "S", "C", "K", "
           "ifmap_dram_reads", "filter_dram_reads", "ofmap_dram_writes", "sim_s"]
 
 
+# Light ResNet-50's conv configurations the shared CSV lacks (its runs hit a time cap), by
+# the same grouping of its Conv nodes: (cid, padded H, W, R, S, C, K, stride, count).
+MISSING = {"rn": [("rn00", 229, 229, 7, 7, 3, 64, 2, 1), ("rn18", 15, 15, 3, 3, 512, 512, 2, 1),
+                  ("rn20", 13, 13, 1, 1, 1024, 2048, 2, 1), ("rn22", 9, 9, 3, 3, 512, 512, 1, 2)]}
+
+
 def configs(path: Path, models: list[str], dataflow: str = "os") -> list[dict]:
-    """The shared CSV's distinct conv configurations of `models` in `dataflow`, as
-    calibrate_systolic specs (32x32, 64 kB, CALC) with model, cid and count."""
+    """The shared CSV's distinct conv configurations of `models` in `dataflow` and those
+    it lacks (MISSING), as calibrate_systolic specs (32x32, 64 kB, CALC) with model, cid
+    and count."""
+    rows = [(r["model"], r["cid"], *(int(r[f]) for f in ("Hp", "Wp", "R", "S", "C", "K", "stride", "count")))
+            for r in cal.read_csv(path) if r["model"] in models and r["dataflow"] == dataflow]
+    rows += [(m, *c) for m in models for c in MISSING.get(m, ())]
     out = []
-    for r in cal.read_csv(path):
-        if r["model"] in models and r["dataflow"] == dataflow:
-            spec = cal.conv(f"{r['cid']}_{dataflow}", r["model"], int(r["Hp"]), int(r["Wp"]), int(r["R"]),
-                            int(r["S"]), int(r["C"]), int(r["K"]), int(r["stride"]), df=dataflow)
-            out.append({**spec, "model": r["model"], "cid": r["cid"], "count": int(r["count"])})
+    for model, cid, hp, wp, r, s, c, k, stride, count in rows:
+        spec = cal.conv(f"{cid}_{dataflow}", model, hp, wp, r, s, c, k, stride, df=dataflow)
+        out.append({**spec, "model": model, "cid": cid, "count": count})
     return out
 
 
@@ -182,10 +190,9 @@ def streams(names=("squeezenet", "resnet50"), cache: Path = Path("/tmp/apsat-sys
 
     cache.mkdir(parents=True, exist_ok=True)
     out = []
-    for path in light_model_paths():
-        name = path.stem.replace("light_", "")
-        if name not in names:
-            continue
+    paths = {p.stem.replace("light_", ""): p for p in light_model_paths()}
+    for name in names:
+        path = paths[name]
         model = load_onnx(randomize_weights(onnx.load(str(path)), seed=0))
         for program, plan, df in (("baseline", bench.BASELINE_PLAN, "os"), ("apsat", bench.APSAT_PLAN, FLEX)):
             for wb in WIDTHS:
@@ -220,6 +227,7 @@ def main(argv=None) -> int:
     p_run.add_argument("--cap", type=float, default=120.0, help="seconds a run may take")
     p_run.add_argument("--models", default="sq,rn")
     p_run.add_argument("--shared", type=Path, default=cal.SHARED_CSV)
+    p_run.add_argument("--cids", default="", help="run only these configurations, appending to the CSV")
     p_cmp = sub.add_parser("compare", help="SCALE-Sim vs apsat's model at 8 and 16 bits")
     p_cmp.add_argument("csv", nargs="?", type=Path, default=DEFAULT_CSV)
     p_cmp.add_argument("--streams", action="store_true", help="also the light models' compiled streams")
@@ -242,11 +250,14 @@ def main(argv=None) -> int:
                 print(line)
         return 0
     specs = configs(args.shared, args.models.split(","))
+    if args.cids:
+        specs = [s for s in specs if s["cid"] in args.cids.split(",")]
     rows = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", newline="") as f:
+    with open(args.out, "a" if args.cids else "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=FIELDS)
-        wr.writeheader()
+        if not args.cids:
+            wr.writeheader()
         for spec in specs:
             for wb in WIDTHS:
                 row = run_one({**spec, "word_bytes": wb}, args.python, args.cap)
