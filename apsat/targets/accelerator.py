@@ -136,6 +136,12 @@ class Accelerator:
         """Bytes of an accumulator: accumulator_bytes, or operand_bytes where None."""
         return self.operand_bytes if self.accumulator_bytes is None else self.accumulator_bytes
 
+    def output_bytes(self, dataflow: str, row_folds: int) -> int:
+        """Bytes a word of a product's output moves to DRAM: accumulators where ws or is
+        drain partial sums (more than one row fold; the last fold adds to them), else
+        operands."""
+        return self.accumulator_width if dataflow in ("ws", "is") and row_folds > 1 else self.operand_bytes
+
     @property
     def ifmap_words(self) -> int:
         """Capacity of the ifmap scratchpad in operand words (both halves)."""
@@ -199,9 +205,9 @@ _TOML_REQUIRED = {"rows", "cols"}
 def load_accelerator(path) -> Accelerator:
     """An Accelerator from a TOML file whose top-level keys are Accelerator's fields
     (rows and cols required; the others default to the 32x32 preset's values, name to
-    the file's stem, accumulator_bytes to the operand width; dram_bandwidth may be the TOML float inf). ApsatError (one line,
-    naming the file) for an unreadable or malformed file, unknown or missing keys and
-    invalid values."""
+    the file's stem, accumulator_bytes to the operand width; dram_bandwidth may be the
+    TOML float inf). ApsatError (one line, naming the file) for an unreadable or
+    malformed file, unknown or missing keys and invalid values."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())

@@ -50,10 +50,9 @@ hand columns to the vector unit (apsat/targets/vector_share.py).
 The attention atom: attention_plan (whether its scores stay on chip, in what blocks) and
 attention_cycles (what that costs), called by the cost model and the backend alike.
 
-Units (apsat/targets/accelerator.py): a word is one element; traffic is counted in words
-and in bytes (`GemmCost.dram_bytes`, operand_bytes a word, accumulator_width for the
-writes of a ws/is product that drains partial sums: output_bytes). Capacities in words
-follow from the widths; bandwidth is bytes per cycle (dram_bandwidth / width words).
+Units (apsat/targets/accelerator.py): a word is one element; traffic is in words and in
+bytes (`GemmCost.dram_bytes`: Accelerator.operand_bytes and output_bytes a word); the
+scratchpads' words follow from the widths; bandwidth is bytes per cycle.
 """
 from __future__ import annotations
 
@@ -237,8 +236,7 @@ def _gemm_cost(acc: Accelerator, m: int, k: int, n: int, df: str) -> GemmCost:
         b_reads = b_words if b_words <= b_act else b_words * fc
         c_writes = m * n * fr
 
-    # bandwidth in words a cycle: bytes a cycle over the width of what moves
-    c_width = output_bytes(acc, df, fr)
+    c_width = acc.output_bytes(df, fr)      # words a cycle: bytes a cycle over their width
     a_bw, c_bw = acc.dram_bandwidth / acc.operand_bytes, acc.dram_bandwidth / c_width
     end = max(compute,
               _read_end(a_reads, a_act, a_bw, compute),
@@ -249,11 +247,6 @@ def _gemm_cost(acc: Accelerator, m: int, k: int, n: int, df: str) -> GemmCost:
                     total - compute, total, m * k * n / (rows * cols * max(total, 1)),
                     (a_reads + b_reads) * acc.operand_bytes + c_writes * c_width)
 
-
-def output_bytes(acc: Accelerator, dataflow: str, row_folds: int) -> int:
-    """Bytes a word of a product's output moves to DRAM: accumulators where ws or is
-    drain partial sums (more than one row fold), else operands."""
-    return acc.accumulator_width if dataflow in ("ws", "is") and row_folds > 1 else acc.operand_bytes
 
 
 def closed_form_cycles(acc: Accelerator, m: int, k: int, n: int) -> int:

@@ -12,7 +12,7 @@ one the extractor's cost model uses (nothing is re-derived here):
   LOAD, STORE  dram_cycles(acc, words, width) on the DRAM interface of the scratchpad
            involved (each scratchpad has its own, SCALE-Sim's model); width is
            operand_bytes, or accumulator_bytes for the stores of a ws/is product with
-           more than one row fold and its reloads of them (targets.systolic.output_bytes,
+           more than one row fold and its reloads of them (Accelerator.output_bytes,
            as the analytical model counts them).
   COPY     max of dram_cycles of its reads (ifmap interface) and writes (ofmap interface).
   VEC      vector_cycles(acc, elements, ops per element), the operator's arithmetic from
@@ -41,8 +41,7 @@ from apsat.backends.systolic.vector import operator_term
 from apsat.lang.arithmetic import operator_flops
 from apsat.targets.pair_dot import VECTOR_OPS_PER_MAC
 from apsat.targets.accelerator import OS_BLOCKED
-from apsat.targets.systolic import (HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE, dram_cycles, gemm_cost,
-                                   output_bytes, vector_cycles)
+from apsat.targets.systolic import HOST_HANDOFF_CYCLES, HOST_MACS_PER_CYCLE, dram_cycles, gemm_cost, vector_cycles
 
 UNITS = ("dma.ifmap", "dma.filter", "dma.ofmap", "array", "vector", "host")
 _KEEP = 64          # events kept per resource (older ones are long finished)
@@ -109,7 +108,7 @@ def accumulator_buffers(stream: Stream, seq) -> set[str]:
             info = stream.groups.get(ins.tag)
             if info is not None and info.kind == "gemm":
                 df = info.dataflow or stream.accel.dataflow
-                if output_bytes(stream.accel, df, -(-info.k // stream.accel.rows)) > stream.accel.operand_bytes:
+                if stream.accel.output_bytes(df, -(-info.k // stream.accel.rows)) > stream.accel.operand_bytes:
                     out.add(ins.dst)
     return out
 
