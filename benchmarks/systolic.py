@@ -42,6 +42,9 @@ grouped convolutions),
 the DRAM floor (dram_floor: words any program must move, its weights read once) and
 "max x", baseline / floor: the most any program could cut the baseline's traffic.
 
+Element widths (8- and 16-bit operands against SCALE-Sim at both word sizes):
+benchmarks/systolic_width.py.
+
 Usage: python benchmarks/systolic.py [MODEL_SUBSTRING ...] [--arrays 32x32,256x256]
        [--cache DIR]   (extracted programs are cached there; default /tmp/apsat-systolic-bench)
 """

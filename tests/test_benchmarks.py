@@ -1,7 +1,7 @@
 """The benchmark scripts still run: benchmarks/systolic.py on one small model and array,
-benchmarks/precision.py on two models
-(its full run over the zoo is minutes; the README quotes it). The figures checked are
-properties the comparison must keep: apsat's fused program takes fewer cycles and moves
+benchmarks/precision.py on two models, benchmarks/systolic_width.py on its committed
+SCALE-Sim runs and squeezenet (its full run over the zoo is minutes; the README quotes
+it). The figures checked are properties the comparison must keep: apsat's fused program takes fewer cycles and moves
 fewer DRAM words than the unfused baseline, and the flexible array is the best of the
 dataflows tried or a fixed one is."""
 from __future__ import annotations
@@ -94,3 +94,28 @@ def test_precision_benchmark_on_squeezenet_and_gpt2(capsys):
     assert rows == {("squeezenet", "float16", "ok"), ("squeezenet", "bfloat16", "invalid"),
                     ("gpt2", "bfloat16", "ok")}
     assert sum("f32 copy stands in" in line for line in lines) == 1
+
+
+def test_systolic_width_benchmark(tmp_path, capsys):
+    """benchmarks/systolic_width.py on its committed SCALE-Sim runs (no SCALE-Sim here)
+    and on squeezenet's streams: the array does not see element widths, so apsat's
+    cycles equal SCALE-Sim's CALC cycles on every finished run at 8 and 16 bits; at 16
+    bits the streams move two bytes a word and no fewer words than at 8."""
+    bench = _load("systolic_width")
+    rows = bench.cal.read_csv(bench.DEFAULT_CSV)
+    assert {int(r["word_bytes"]) for r in rows} == {1, 2} and {r["model"] for r in rows} == {"sq", "rn"}
+    for r in rows:
+        if r["status"] == "ok":
+            assert bench.model_figures(r, int(r["word_bytes"]))[0] == int(r["total_cycles"])
+    lines = bench.table(rows)
+    assert len(lines) == 2 + 4 and all(" | 8 | " in line or " | 16 | " in line for line in lines[2:])
+    streams = bench.streams(("squeezenet",), tmp_path)
+    by = {(s["program"], s["word_bytes"]): s for s in streams}
+    assert len(by) == 4
+    for program in ("baseline", "apsat"):
+        one, two = by[(program, 1)], by[(program, 2)]
+        assert one["dram_bytes"] == one["dram_words"] and two["dram_bytes"] == 2 * two["dram_words"]
+        assert two["dram_words"] >= one["dram_words"]
+    for wb in (1, 2):
+        assert by[("apsat", wb)]["cycles"] < by[("baseline", wb)]["cycles"]
+    assert len(bench.stream_table(streams)) == 6 and "squeezenet" in capsys.readouterr().out

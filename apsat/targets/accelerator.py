@@ -3,8 +3,14 @@ construction), SCALE-Sim's two configurations as `PRESETS`, arrays of other size
 scale.cfg (`scale_cfg_like`), and descriptions read from TOML files (`load_accelerator`).
 What a product costs on one is apsat/targets/systolic.py's analytical model.
 
-Units: one word is one tensor element. Scratchpad sizes are given in kB of SCALE-Sim's
-one-byte words, so 1 kB holds 1024 words (elements).
+Units: one word is one tensor element, `operand_bytes` bytes wide (an accumulator,
+`accumulator_bytes`). Scratchpad sizes are given in kB (1024 bytes), so the ifmap and
+filter scratchpads hold kB * 1024 / operand_bytes words and the ofmap scratchpad, whose
+values are accumulators, kB * 1024 / accumulator_bytes. DRAM bandwidth is in bytes per
+cycle. At the default widths (1 byte each) a word is SCALE-Sim's one-byte word and every
+figure is the one-byte model's. SCALE-Sim keeps its bandwidth in words per cycle at any
+word size; apsat's counts bytes, which a DRAM interface moves (only its stalls differ,
+and SCALE-Sim's CALC mode has none).
 """
 from __future__ import annotations
 
@@ -24,7 +30,8 @@ FLEX = "flex"          # the array is configured per product: each GEMM takes it
 # SqueezeNet's 32% at equal stream cycles; 0% (cycles alone) chose ws for products whose
 # partial sums then dominated the traffic.
 FLEX_CYCLE_SLACK = 0.10
-WORDS_PER_KB = 1024
+WORDS_PER_KB = 1024     # bytes per kB: words per kB at one byte a word
+ELEMENT_BYTES = (1, 2, 4, 8)   # element widths a description may give
 # A flexible array has one more loop order, which SCALE-Sim's os mapping lacks: "osk",
 # output stationary with B's k-chunks reused across an ofmap block of row folds
 # (os_blocking). Only where B's column block does not fit a filter half, so that os
@@ -45,14 +52,24 @@ class Accelerator:
         fewer cycles, then os, ws, is). A flexible array's per-product figures are each
         one of the three fixed dataflows', so the SCALE-Sim calibration carries over
         product by product, or osk's (os passes in another order, os_blocking).
-    ifmap_kb, filter_kb, ofmap_kb: scratchpad sizes in kB, 1 kB = 1024 words (elements);
-        each is double buffered (half feeds the array, half fills from DRAM).
-    dram_bandwidth: words per cycle on each scratchpad's DRAM interface (the three
-        interfaces run in parallel); math.inf means unlimited (SCALE-Sim's CALC mode).
+    ifmap_kb, filter_kb, ofmap_kb: scratchpad sizes in kB of 1024 bytes (ifmap_words etc.
+        give them in words); each is double buffered (half feeds the array, half fills
+        from DRAM).
+    dram_bandwidth: bytes per cycle on each scratchpad's DRAM interface (the three
+        interfaces run in parallel; at one-byte operands, words per cycle); math.inf
+        means unlimited (SCALE-Sim's CALC mode).
     vector_lanes: elements per cycle of the vector unit (activations, element-wise ops).
     name: a label for reports.
     flex_slack: for "flex", the fraction of a product's fewest cycles it may give up for
         fewer DRAM words (default FLEX_CYCLE_SLACK; 0: cycles alone), between 0 and 1.
+    operand_bytes: bytes an operand element takes in the scratchpads and in DRAM (1, 2,
+        4 or 8; default 1, SCALE-Sim's word). A width, not a number format: nothing
+        rounds values to it (apsat/backends/systolic/simulate.py).
+    accumulator_bytes: bytes of an accumulator: the ofmap scratchpad's values and the
+        partial sums ws and is drain to DRAM (one of ELEMENT_BYTES, at least
+        operand_bytes), or None (the default): the operand width, the one word size
+        SCALE-Sim has, so that replacing operand_bytes alone widens both. The models
+        read `accumulator_width`, which resolves None.
 
     Construction validates every field and raises ApsatError with a one-line message.
     """
@@ -67,6 +84,8 @@ class Accelerator:
     vector_lanes: int = 32
     name: str = "systolic"
     flex_slack: float = FLEX_CYCLE_SLACK
+    operand_bytes: int = 1
+    accumulator_bytes: int | None = None
 
     def __post_init__(self):
         who = f"accelerator {self.name!r}"
@@ -87,30 +106,56 @@ class Accelerator:
         object.__setattr__(self, "flex_slack", float(slack))
         if not isinstance(self.name, str) or not self.name:
             raise ApsatError(f"{who}: name must be a non-empty string")
+        self._check_widths(who)
         tile = self.rows * self.cols
         for f in ("ifmap_kb", "filter_kb", "ofmap_kb"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ApsatError(f"{who}: {f} must be a positive integer (kB), got {v!r}")
-            if v * WORDS_PER_KB < tile:
+            words = getattr(self, f"{f[:-3]}_words")
+            if words < tile:
                 raise ApsatError(
-                    f"{who}: the {f[:-3]} scratchpad ({v} kB = {v * WORDS_PER_KB} words) "
+                    f"{who}: the {f[:-3]} scratchpad ({v} kB = {words} words) "
                     f"cannot hold one {self.rows}x{self.cols} tile ({tile} words)")
+
+    def _check_widths(self, who: str) -> None:
+        """Validate operand_bytes and accumulator_bytes (None: the operand width)."""
+        for f in ("operand_bytes", "accumulator_bytes"):
+            v = getattr(self, f)
+            if f == "accumulator_bytes" and v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v not in ELEMENT_BYTES:
+                raise ApsatError(f"{who}: {f} must be one of {', '.join(map(str, ELEMENT_BYTES))} "
+                                 f"(bytes an element), got {v!r}")
+        if self.accumulator_width < self.operand_bytes:
+            raise ApsatError(f"{who}: accumulator_bytes ({self.accumulator_bytes}) must be at least "
+                             f"operand_bytes ({self.operand_bytes})")
+
+    @property
+    def accumulator_width(self) -> int:
+        """Bytes of an accumulator: accumulator_bytes, or operand_bytes where None."""
+        return self.operand_bytes if self.accumulator_bytes is None else self.accumulator_bytes
+
+    def output_bytes(self, dataflow: str, row_folds: int) -> int:
+        """Bytes a word of a product's output moves to DRAM: accumulators where ws or is
+        drain partial sums (more than one row fold; the last fold adds to them), else
+        operands."""
+        return self.accumulator_width if dataflow in ("ws", "is") and row_folds > 1 else self.operand_bytes
 
     @property
     def ifmap_words(self) -> int:
-        """Capacity of the ifmap scratchpad in words (both halves)."""
-        return self.ifmap_kb * WORDS_PER_KB
+        """Capacity of the ifmap scratchpad in operand words (both halves)."""
+        return self.ifmap_kb * WORDS_PER_KB // self.operand_bytes
 
     @property
     def filter_words(self) -> int:
-        """Capacity of the filter scratchpad in words (both halves)."""
-        return self.filter_kb * WORDS_PER_KB
+        """Capacity of the filter scratchpad in operand words (both halves)."""
+        return self.filter_kb * WORDS_PER_KB // self.operand_bytes
 
     @property
     def ofmap_words(self) -> int:
-        """Capacity of the ofmap scratchpad in words (both halves)."""
-        return self.ofmap_kb * WORDS_PER_KB
+        """Capacity of the ofmap scratchpad in accumulator words (both halves)."""
+        return self.ofmap_kb * WORDS_PER_KB // self.accumulator_width
 
     @property
     def macs_per_cycle(self) -> int:
@@ -160,9 +205,9 @@ _TOML_REQUIRED = {"rows", "cols"}
 def load_accelerator(path) -> Accelerator:
     """An Accelerator from a TOML file whose top-level keys are Accelerator's fields
     (rows and cols required; the others default to the 32x32 preset's values, name to
-    the file's stem; dram_bandwidth may be the TOML float inf). ApsatError (one line,
-    naming the file) for an unreadable or malformed file, unknown or missing keys and
-    invalid values."""
+    the file's stem, accumulator_bytes to the operand width; dram_bandwidth may be the
+    TOML float inf). ApsatError (one line, naming the file) for an unreadable or
+    malformed file, unknown or missing keys and invalid values."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -180,7 +225,7 @@ def load_accelerator(path) -> Accelerator:
     data.setdefault("name", path.stem)
     p = PRESETS["32x32"]
     data.setdefault("vector_lanes", data["cols"] if isinstance(data["cols"], int) else 1)
-    for f in ("dataflow", "ifmap_kb", "filter_kb", "ofmap_kb", "dram_bandwidth"):
+    for f in ("dataflow", "ifmap_kb", "filter_kb", "ofmap_kb", "dram_bandwidth", "operand_bytes"):
         data.setdefault(f, getattr(p, f))
     try:
         return Accelerator(**data)

@@ -26,8 +26,8 @@ The model follows SCALE-Sim 3.0 (`scalesim` on PyPI), which it is calibrated aga
   B is read once if it fits, else once per column fold. ws and is drain partial sums
   after every row fold (SCALE-Sim does not accumulate them on chip): m*n*ceil(Sr/rows)
   words written.
-* Stalls: each scratchpad has its own DRAM interface of `dram_bandwidth` words/cycle
-  (SCALE-Sim's model), and the array waits for the slowest: total = max(compute,
+* Stalls: each scratchpad has its own DRAM interface of `dram_bandwidth` bytes/cycle
+  (SCALE-Sim's model, in words there), and the array waits for the slowest: total = max(compute,
   read_end(ifmap), read_end(filter), write_end(ofmap)). A read operand's first active
   half is loaded before the layer (SCALE-Sim leaves that out of "Total Cycles"), the
   rest streams from the first cycle, and the compute that consumes the last half
@@ -50,8 +50,9 @@ hand columns to the vector unit (apsat/targets/vector_share.py).
 The attention atom: attention_plan (whether its scores stay on chip, in what blocks) and
 attention_cycles (what that costs), called by the cost model and the backend alike.
 
-Units: one word is one tensor element. Scratchpad sizes are given in kB of SCALE-Sim's
-one-byte words, so 1 kB holds 1024 words (elements).
+Units (apsat/targets/accelerator.py): a word is one element; traffic is in words and in
+bytes (`GemmCost.dram_bytes`: Accelerator.operand_bytes and output_bytes a word); the
+scratchpads' words follow from the widths; bandwidth is bytes per cycle.
 """
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ class GemmCost:
     ifmap_reads, filter_reads, ofmap_writes: DRAM words moved for the m x k operand, the
         k x n operand and the m x n result (re-fetches and partial sums included).
     stall_cycles: cycles the array waits for DRAM; total_cycles = compute + stall.
+    dram_bytes: the bytes those words take (see the module docstring's units).
     macs: m * k * n; utilization: macs / (rows * cols * total_cycles) (1 x 1 array,
         1 x 1 x 1 product: 0 cycles, utilization counted over one).
     """
@@ -99,6 +101,7 @@ class GemmCost:
     stall_cycles: int
     total_cycles: int
     utilization: float
+    dram_bytes: int
 
     @property
     def folds(self) -> int:
@@ -233,14 +236,17 @@ def _gemm_cost(acc: Accelerator, m: int, k: int, n: int, df: str) -> GemmCost:
         b_reads = b_words if b_words <= b_act else b_words * fc
         c_writes = m * n * fr
 
-    bw = acc.dram_bandwidth
+    c_width = acc.output_bytes(df, fr)      # words a cycle: bytes a cycle over their width
+    a_bw, c_bw = acc.dram_bandwidth / acc.operand_bytes, acc.dram_bandwidth / c_width
     end = max(compute,
-              _read_end(a_reads, a_act, bw, compute),
-              _read_end(b_reads, b_act, bw, compute),
-              _write_end(c_writes, acc.ofmap_words, bw, compute))
+              _read_end(a_reads, a_act, a_bw, compute),
+              _read_end(b_reads, b_act, a_bw, compute),
+              _write_end(c_writes, acc.ofmap_words, c_bw, compute))
     total = max(compute, math.ceil(end)) + stall
     return GemmCost(m, k, n, df, sr, sc, t, fr, fc, compute, a_reads, b_reads, c_writes,
-                    total - compute, total, m * k * n / (rows * cols * max(total, 1)))
+                    total - compute, total, m * k * n / (rows * cols * max(total, 1)),
+                    (a_reads + b_reads) * acc.operand_bytes + c_writes * c_width)
+
 
 
 def closed_form_cycles(acc: Accelerator, m: int, k: int, n: int) -> int:
@@ -249,12 +255,13 @@ def closed_form_cycles(acc: Accelerator, m: int, k: int, n: int) -> int:
     return gemm_cost(acc, m, k, n).compute_cycles
 
 
-def dram_cycles(acc: Accelerator, words: int) -> int:
-    """Cycles one DRAM interface needs to move `words` words (ceil(words / bandwidth));
-    0 for no words or unlimited bandwidth."""
+def dram_cycles(acc: Accelerator, words: int, element_bytes: int | None = None) -> int:
+    """Cycles one DRAM interface needs to move `words` words of `element_bytes` bytes
+    (default acc.operand_bytes): ceil(words * element_bytes / bandwidth); 0 for no words
+    or unlimited bandwidth."""
     if words <= 0 or math.isinf(acc.dram_bandwidth):
         return 0
-    return math.ceil(words / acc.dram_bandwidth)
+    return math.ceil(words * (element_bytes or acc.operand_bytes) / acc.dram_bandwidth)
 
 
 def vector_cycles(acc: Accelerator, elements: int, ops_per_element: float = 1) -> int:

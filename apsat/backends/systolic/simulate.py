@@ -9,6 +9,13 @@ by accident. Arithmetic is float32 (operators through apsat.lang.semantics,
 the reference interpreter's own semantics); sums over k-chunks and partial sums drained
 per row fold are added in a different order than one matmul, so results agree with the
 reference to float32 rounding, not bit for bit (see tests for the tolerances).
+
+Element widths (Accelerator.operand_bytes, accumulator_bytes) reach the simulator as the
+scratchpads' capacities in words, which every block is checked against: a 2-byte stream
+has half the words per scratchpad and tiles to match. Values are not rounded to the
+width: a width is bytes an element takes, not a number format (2 bytes may be float16,
+bfloat16 or int16, 1 byte int8 or an 8-bit float), so the simulator keeps float32 at
+every width, as it always did at 1 byte, and checks the lowering, not the number format.
 """
 from __future__ import annotations
 

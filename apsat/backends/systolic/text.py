@@ -2,7 +2,7 @@
 rebuilds an equal Stream (tests check it round-trips).
 
     ; apsat systolic stream v1
-    .accel rows=32 cols=32 dataflow=os ifmap_kb=64 filter_kb=64 ofmap_kb=64 dram_bandwidth=64.0 vector_lanes=32 name="32x32" flex_slack=0.1
+    .accel rows=32 cols=32 dataflow=os ifmap_kb=64 filter_kb=64 ofmap_kb=64 dram_bandwidth=64.0 vector_lanes=32 name="32x32" flex_slack=0.1 operand_bytes=1
     .buffer x0 input 1x3x224x224 "data_0"          (weight buffers alike; temp: no tensor;
     .buffer c0 const - 0.5                          const: its value; `-` is a scalar)
     .view v3 x0 |windows 3x3x3/1x2x2/1x1x1@1 |reshape 12321x27
@@ -194,7 +194,7 @@ def to_text(stream: Stream) -> str:
     a = stream.accel
     lines = [HEADER,
              " ".join([".accel"] + [f"{f.name}={_q(getattr(a, f.name)) if f.name in ('dataflow', 'name') else getattr(a, f.name)}"
-                                    for f in fields(Accelerator)])]
+                                    for f in fields(Accelerator) if getattr(a, f.name) is not None])]
     for b in stream.buffers.values():
         extra = f" {_q(b.tensor)}" if b.tensor is not None else (f" {b.value!r}" if b.kind == "const" else "")
         lines.append(f".buffer {b.name} {b.kind} {_dims(b.dims)}{extra}")
@@ -226,8 +226,8 @@ FLOAT_FIELDS = ("dram_bandwidth", "flex_slack")
 def _parse_accel(kv: dict) -> Accelerator:
     typed = {}
     for f in fields(Accelerator):
-        if f.name not in kv and f.name == "flex_slack":     # streams written before it existed
-            continue
+        if f.name not in kv and f.name in ("flex_slack", "operand_bytes", "accumulator_bytes"):
+            continue                                        # streams written before they existed
         v = kv[f.name]
         typed[f.name] = v if f.name in ("dataflow", "name") else (float(v) if f.name in FLOAT_FIELDS else int(v))
     return Accelerator(**typed)

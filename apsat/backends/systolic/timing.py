@@ -9,8 +9,11 @@ one the extractor's cost model uses (nothing is re-derived here):
            occupies the array for all of its cycles, so one whole GEMM's array time is
            gemm_cost's compute_cycles + 1.)
   PRELOAD  0: the stationary load is part of the fold's fill in that model.
-  LOAD, STORE  dram_cycles(acc, words) on the DRAM interface of the scratchpad involved
-           (each scratchpad has its own, SCALE-Sim's model).
+  LOAD, STORE  dram_cycles(acc, words, width) on the DRAM interface of the scratchpad
+           involved (each scratchpad has its own, SCALE-Sim's model); width is
+           operand_bytes, or accumulator_bytes for the stores of a ws/is product with
+           more than one row fold and its reloads of them (Accelerator.output_bytes,
+           as the analytical model counts them).
   COPY     max of dram_cycles of its reads (ifmap interface) and writes (ofmap interface).
   VEC      vector_cycles(acc, elements, ops per element), the operator's arithmetic from
            apsat.lang.arithmetic (the registry's figures); dot and dotacc
@@ -95,22 +98,51 @@ def _dram_view(stream: Stream, view: str, region) -> tuple:
     return _dram(stream, v.base)
 
 
-def footprint_of(stream: Stream, ins):
+def accumulator_buffers(stream: Stream, seq) -> set[str]:
+    """The DRAM buffers that hold accumulators: those the stores of a ws/is product with
+    more than one row fold write (partial sums drain there and the last fold adds to
+    them or reloads them)."""
+    out = set()
+    for ins in seq:
+        if isinstance(ins, Store):
+            info = stream.groups.get(ins.tag)
+            if info is not None and info.kind == "gemm":
+                df = info.dataflow or stream.accel.dataflow
+                if stream.accel.output_bytes(df, -(-info.k // stream.accel.rows)) > stream.accel.operand_bytes:
+                    out.add(ins.dst)
+    return out
+
+
+def element_bytes(stream: Stream, ins, accumulators: set[str]) -> int:
+    """Bytes a DRAM word of `ins` moves: accumulator_bytes for a STORE into, or a LOAD
+    into the ofmap from, one of `accumulators` (accumulator_buffers), else
+    operand_bytes."""
+    acc = stream.accel
+    if isinstance(ins, Store) and ins.dst in accumulators:
+        return acc.accumulator_width
+    if isinstance(ins, Load) and ins.dst.sp == "ofmap" and stream.views[ins.src].base in accumulators:
+        return acc.accumulator_width
+    return acc.operand_bytes
+
+
+def footprint_of(stream: Stream, ins, width: int | None = None):
     """(units, duration, reads, writes, dram reads {buffer: words}, dram writes
     {buffer: words}) of one instruction. reads/writes: (resource, lo, hi) with
     resources "sp:<scratchpad>" and "dram:<buffer>" (word ranges: a STORE's and a dense
-    LOAD's span of rows, else the whole buffer) and "array"."""
+    LOAD's span of rows, else the whole buffer) and "array". `width`: bytes a DRAM word
+    moves (element_bytes; default operand_bytes)."""
     acc = stream.accel
     kind = type(ins)
     if kind is Load:
         base = stream.views[ins.src].base
         lo = ins.dst.offset
-        return ((f"dma.{ins.dst.sp}",), dram_cycles(acc, ins.words), [_dram_view(stream, ins.src, ins.region)],
+        return ((f"dma.{ins.dst.sp}",), dram_cycles(acc, ins.words, width),
+                [_dram_view(stream, ins.src, ins.region)],
                 [("sp:" + ins.dst.sp, lo, lo + ins.dst.words)], {base: ins.words}, {})
     if kind is Store:
         lo = ins.src.offset
         words = ins.region.size
-        return ((f"dma.{ins.src.sp}",), dram_cycles(acc, words), [("sp:" + ins.src.sp, lo, lo + ins.src.words)],
+        return ((f"dma.{ins.src.sp}",), dram_cycles(acc, words, width), [("sp:" + ins.src.sp, lo, lo + ins.src.words)],
                 [_dram_rows(ins.dst, ins.shape[1], ins.region)], {}, {ins.dst: words})
     if kind is Copy:
         base = stream.views[ins.src].base
@@ -223,10 +255,12 @@ class Schedule:
 
 def _run(stream: Stream, seq, groups: dict, tensors: dict, section: str) -> dict:
     sched = Schedule()
-    reads_total = writes_total = 0
+    reads_total = writes_total = read_bytes = write_bytes = 0
     macs = host_macs = vector_macs = 0
+    accumulators = accumulator_buffers(stream, seq)
     for ins in seq:
-        units, duration, reads, writes, dr, dw = footprint_of(stream, ins)
+        width = element_bytes(stream, ins, accumulators)
+        units, duration, reads, writes, dr, dw = footprint_of(stream, ins, width)
         # A block is usable once its LOAD has finished (double buffering: the next one
         # loads meanwhile); a STORE frees its block's words as they leave; a LOAD or a
         # pass may overwrite a block behind the STORE draining it, word for word.
@@ -251,14 +285,17 @@ def _run(stream: Stream, seq, groups: dict, tensors: dict, section: str) -> dict
         for b, w in dr.items():
             tensors.setdefault(b, [0, 0])[0] += w
             reads_total += w
+            read_bytes += w * width
             g["dram_reads"] += w
         for b, w in dw.items():
             tensors.setdefault(b, [0, 0])[1] += w
             writes_total += w
+            write_bytes += w * width
             g["dram_writes"] += w
     total = max(sched.free.values())
     return {"cycles": int(math.ceil(total)), "busy": {u: int(math.ceil(b)) for u, b in sched.busy.items()},
-            "macs": macs, "host_macs": host_macs, "vector_macs": vector_macs, "dram_reads": reads_total, "dram_writes": writes_total}
+            "macs": macs, "host_macs": host_macs, "vector_macs": vector_macs, "dram_reads": reads_total, "dram_writes": writes_total,
+            "dram_bytes": read_bytes + write_bytes}
 
 
 def cycles(stream: Stream) -> dict:
@@ -273,7 +310,8 @@ def cycles(stream: Stream) -> dict:
       (rows * cols * busy array cycles): the utilisation the array's own passes allow
       (pipeline fills, folds narrower than the array), the ceiling with DMA, vector and
       host work perfectly hidden;
-      dram {reads, writes, total, per_tensor {buffer: {reads, writes, tensor}}};
+      dram {reads, writes, total (words), bytes (what they take: element_bytes),
+      per_tensor {buffer: {reads, writes, tensor}}};
       groups [{tag, kind, label, cycles, ...}] per lowered program node, GEMMs with
       gemm_cost's figures for their array part beside the stream's (array_span: first
       pass start to last pass end; the first pass waits for its operand blocks, the
@@ -298,7 +336,7 @@ def cycles(stream: Stream) -> dict:
         "array_utilization": main["macs"] / (peak * total) if total else 0.0,
         "array_efficiency": main["macs"] / (peak * main["busy"]["array"]) if main["busy"]["array"] else 0.0,
         "dram": {"reads": main["dram_reads"], "writes": main["dram_writes"],
-                 "total": main["dram_reads"] + main["dram_writes"],
+                 "total": main["dram_reads"] + main["dram_writes"], "bytes": main["dram_bytes"],
                  "init_reads": init["dram_reads"], "init_writes": init["dram_writes"],
                  "per_tensor": {b: {"reads": r, "writes": w, "tensor": stream.buffers[b].tensor}
                                 for b, (r, w) in per_tensor.items()}},
