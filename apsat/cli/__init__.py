@@ -5,7 +5,8 @@ the same for every command (EXIT_* below):
 
     0  ok
     1  verification or simulation mismatch: the program, the systolic simulator or the
-       GPU kernels disagree with onnxruntime
+       GPU kernels disagree with onnxruntime; or a lower precision (--precision) refused:
+       its error against the float32 original passes --max-error
     2  bad input: an unreadable model, an unknown ruleset, a malformed e-graph file, a bad
        option (argparse's own usage errors exit 2 too)
     3  backend failure: a generated kernel that nvcc or Triton's AOT compiler refused
@@ -30,7 +31,7 @@ from apsat.cli.explain import cmd_explain, explain_options
 from apsat.cli.rules import cmd_rules, rules_options
 from apsat.cli.summary import compile_failures, failed, summary_table
 from apsat.cli.zoo import zoo_options
-from apsat.errors import ApsatError, is_internal
+from apsat.errors import ApsatError, VerificationError, is_internal
 
 __all__ = ["main", "build_parser", "optimize_keywords", "compile_failures", "failed"]
 
@@ -39,6 +40,7 @@ EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
 # optimize() keywords the limit flags set: passed only when given, so the defaults stay
 # optimize()'s own.
 LIMIT_KEYWORDS = ("iter_limit", "node_limit", "time_limit", "memory_limit", "check_rules")
+PRECISION_KEYWORDS = ("precision", "max_error")
 
 
 def _console():
@@ -112,7 +114,8 @@ def optimize_keywords(args, optimize) -> dict:
     kw = {"target": args.target, "rules": rules or None, "extractor": args.extractor,
           "verify": args.verify, "seed": args.seed, "regions": args.regions, "lowering": args.lowering,
           "representatives": {k: v[0] if len(v) == 1 else v for k, v in args.representative or []} or None}
-    kw.update({k: getattr(args, k) for k in LIMIT_KEYWORDS if getattr(args, k, None) is not None})
+    given = LIMIT_KEYWORDS + PRECISION_KEYWORDS
+    kw.update({k: getattr(args, k) for k in given if getattr(args, k, None) is not None})
     takes = inspect.signature(optimize).parameters
     missing = [k for k in LIMIT_KEYWORDS if k in kw and k not in takes]
     if missing:
@@ -153,6 +156,8 @@ def _optimize_one(source, name: str, args, progress, task, randomize=False) -> d
             raise ApsatError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
         (out_dir / TRACEBACK_FILE).unlink(missing_ok=True)     # an earlier run's, now stale
         return json.loads(path.read_text())
+    except VerificationError as exc:      # a lower precision past its bound: refused (exit 1)
+        return {"model": name, "error": str(exc), "refused": True}
     except ApsatError as exc:
         return {"model": name, "error": str(exc)}
     except BaseException as exc:
@@ -184,9 +189,9 @@ def _run_models(items: list[tuple[object, str]], args, randomize=False) -> int:
     out.print(f"reports written under {args.out}/")
     if any("internal" in r for r in reports):
         return EXIT_INTERNAL_ERROR
-    if any("error" in r for r in reports):
+    if any("error" in r and not r.get("refused") for r in reports):
         return EXIT_BAD_INPUT
-    if any(failed(r) for r in reports):
+    if any(failed(r) or r.get("refused") for r in reports):
         return EXIT_VERIFY_FAILED
     if any(compile_failures(r) for r in reports):
         return EXIT_BACKEND_FAILED
@@ -289,6 +294,11 @@ def common_options(p) -> None:
                    help="saturation: cap on the process's resident memory, MiB")
     p.add_argument("--no-check-rules", dest="check_rules", action="store_const", const=False, default=None,
                    help="skip checking the --rule-file rules on the model after saturating")
+    p.add_argument("--precision", choices=("fp32", "fp16", "bf16", "mixed"), default=None,
+                   help="let the rules compute a float32 model in a half type (gpu target; default fp32)")
+    p.add_argument("--max-error", type=_positive(float), metavar="E",
+                   help="with --precision: refuse (exit 1) a result whose error against the float32 "
+                        "original passes E of the output's scale (default: 8 ulps of the type)")
 
 
 def build_parser() -> argparse.ArgumentParser:

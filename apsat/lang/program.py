@@ -104,6 +104,10 @@ class Program:
         (integers, booleans, literals), which are carried as float32."""
         return self._dtypes[term]
 
+    def half_type(self) -> str | None:
+        """The half type ("f16" or "bf16") some term computes in, None when none does."""
+        return next((t for t in self._dtypes.values() if t in (dtypes.F16, dtypes.BF16)), None)
+
     def float_type(self) -> str:
         """The model's float type: the one float type its tensors have ("f32" when none
         or several)."""

@@ -52,7 +52,7 @@ def check_request(precision: str | None, max_error, target: str, program) -> Non
         raise UsageError(f"max_error {max_error!r}: a positive number (the error bound, scaled by the output)")
     if half_type(precision) is None:
         if max_error is not None and precision is None:
-            raise UsageError("max_error bounds a lower precision: give precision= (fp16, bf16 or mixed) too")
+            raise UsageError("max_error bounds a lower precision: give a precision (fp16, bf16 or mixed) too")
         return
     if target != "gpu":
         raise UsageError(f"precision {precision}: lower precision is for the gpu target, not {target!r}")

@@ -31,7 +31,6 @@ from apsat.backends.onnx.walk import Walk
 from apsat.lang.ops import OPS
 
 CONTRIB = "com.microsoft"
-HALF_TYPES = ("f16", "bf16")
 IR_VERSION = 10
 
 
@@ -49,7 +48,8 @@ def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(
     program has a term ONNX cannot express."""
     _refuse_hardware(program)
     b = Builder(arrays)
-    b.float_type = CODES[program.float_type()]
+    half = program.half_type()      # a half model's, or a lower precision's (retype below)
+    b.float_type = CODES[half] if half else TensorProto.FLOAT
     src = model.onnx.graph
     types = {v.name: v.type.tensor_type.elem_type for v in list(src.input) + list(src.output)}
     consts = fold_weights(program, model.weights, varying)
@@ -74,8 +74,8 @@ def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(
         owner = {**program.outputs, **walk.owner}
         fuse(out, Planned(owner, _stored(program) if stored is None else stored))
     tidy(out.graph)
-    if program.float_type() in HALF_TYPES:
-        retype(out, OPSET, CODES[program.float_type()])
+    if half:
+        retype(out, OPSET, CODES[half])
     if CONTRIB not in _domains(out.graph):
         out.opset_import.pop()
     for key, value in (metadata or {}).items():
