@@ -68,9 +68,8 @@ def run_rule(rule_name: str, text: str, shapes: dict, target: str = "gpu", iter_
     rules named in `helpers` beside it in its one-rule ruleset (a helper equal to
     `rule_name` is loaded once). `weights` names the tensors known at load (the program's
     weights; rules that read weight-key need them); `types` and `facts`: see the module
-    doc. Returns (eg, root handle, run report);
-    the report's rule_matches count each rule by name, so `fired(report, rule_name)` still
-    means the rule under test. RuleError for an unknown rule or helper name. The e-graph
+    doc. Returns (eg, root handle, run report); the report's rule_matches count each rule
+    by name, so `fired(report, rule_name)` still means the rule under test. RuleError for an unknown rule or helper name. The e-graph
     is fresh.fresh_egraph's: valid until the next call."""
     eg = fresh_egraph(target, declarations=True)
     root = eg.add(typed_program(text, shapes, types, weights))
@@ -109,7 +108,7 @@ def check_sound(rule_name: str, text: str, shapes: dict, target: str = "gpu", se
     original program numerically (within `rtol` / `atol`, default RTOL / ATOL); returns
     the number of members compared (>= 2).
     `limits` (here and in the other check_* functions) go to run_rule: iter_limit,
-    node_limit, time_limit, helpers."""
+    node_limit, time_limit, helpers, weights, types, facts."""
     eg, root, report = run_rule(rule_name, text, shapes, target, **limits)
     assert fired(report, rule_name), f"{rule_name} did not fire on {text}"
     tensors = inputs or random_tensors(shapes, seed)

@@ -10,15 +10,15 @@ Tolerance: these rules change values by rounding, so members are compared at
 apsat.pipeline.verify.half_tolerance of the type (8 ulps: 7.8e-3 for f16, 6.3e-2 for bf16)
 relative to the output's scale (atol = tol * max|float32 result|, rtol = tol), the bound the
 pipeline itself judges a precision run by. One rounding of a half operand moves it by at
-most 2**-11 (f16), and the sums here are over <= 54 terms accumulated in float32, so a
-correct rule stays well inside; a wrong one (an operand dropped or swapped, a product
-with the wrong operand, a view applied twice) moves the result by O(1) of its scale on
-standard-normal inputs, far outside."""
+most 2**-11 relative (f16), and the products here sum at most 6 terms in float32, so a
+correct rule stays well inside (views and cancelled casts move no value: compared
+exactly); a wrong one moves the result by O(1) of its scale on standard-normal inputs,
+far outside: a product with one operand twice, a pair with its weight dropped, the
+concatenation's operands swapped, a map that drops its operator each fail here (tried)."""
 
 import numpy as np
 import pytest
 
-import apsat
 from apsat.egraph.driver import EGraph
 from apsat.lang.evaluate import evaluate
 from apsat.lang.syntax import parse_term
@@ -119,6 +119,26 @@ def test_dot_bias_act_keeps_float32_activation_in_mixed():
                wide(f"(fused-dot-bias-act relu {half('?a')} {half('?b')} {half('?c')})"), fact_text=MIXED)
 
 
+MASK = "(access-broadcast (access (access-tensor mask) 4) (access-shape (shape 1 2 5 6) (shape)))"
+
+
+@pytest.mark.xfail(strict=True, reason="precision/attention rounds the bias to f16: float32's minimum, "
+                   "the exporters' masked fill, becomes -inf, and a fully masked row's uniform softmax "
+                   "becomes NaN (SAFE 0) or 0 (SAFE 1); reported, not fixed")
+def test_attention_keeps_a_fully_masked_row():
+    """Query row 0 masked everywhere with float32's minimum (torch's masked_fill value):
+    the float32 atom's scores are all equal there (the mean of v); the half form must keep
+    that within the f16 tolerance. Known to fail (see the xfail reason)."""
+    text, shapes = f"(attention 1 {QK} {MASK} {V})", dict(SHAPES, mask=(1, 1, 5, 6))
+    inputs = random_tensors(shapes)
+    inputs["mask"] = np.zeros((1, 1, 5, 6), np.float32)
+    inputs["mask"][..., 0, :] = np.finfo(np.float32).min
+    want = evaluate(typed_program(text, shapes, "f32"), inputs)
+    tol = half_tolerance("f16")
+    check_sound("precision/attention", text, shapes, types="f32", facts=FP16, inputs=inputs, rtol=tol,
+                atol=tol * float(np.max(np.abs(want))))
+
+
 # ---- casts: cancelling, one half mirror per float32 class ---------------------------------------
 
 def test_cast_cancel():
@@ -211,6 +231,7 @@ VIEWS = [  # rule, program over f32(x) with x : f16, the half form expected in t
     ("precision/windows", f"(access-windows {wide(acc('im'))} (shape 3 3 3) (shape 1 1 1))",
      wide(f"(access-windows {acc('im')} (shape 3 3 3) (shape 1 1 1))")),
     ("precision/pad", f"(access-pad {WX} zero-padding 1 1 2)", wide(f"(access-pad {X} zero-padding 1 1 2)")),
+    ("precision/pad", f"(access-pad {WX} min-padding 0 2 0)", wide(f"(access-pad {X} min-padding 0 2 0)")),
     ("precision/broadcast", f"(access-broadcast {wide(acc('v'))} (access-shape (shape 5) (shape 6)))",
      wide(f"(access-broadcast {acc('v')} (access-shape (shape 5) (shape 6)))")),
 ]
