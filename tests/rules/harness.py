@@ -8,7 +8,15 @@ matches count as "fired". `check_sound` then evaluates the original program and 
 extractable members of the root e-class (each member = one node of the root class, the
 rest chosen by tree extraction) with the reference interpreter on seeded random inputs.
 Tolerance rtol 1e-4 / atol 1e-5: rewrites re-associate float32 sums (a split dot-product
-adds partial sums in another order), which moves results by a few ulps per term.
+adds partial sums in another order), which moves results by a few ulps per term; a rule
+that changes values by design (the precision family's rounding) passes its own `rtol` /
+`atol` to check_sound.
+
+Element types: `types=` gives the program's tensors their types (a dict name -> "f32" /
+"f16" / "bf16", or one type name for every tensor; None, the default: untyped, so no
+`has-type` fact holds), and `facts=` is egglog text loaded after the program is added
+(e.g. apsat.pipeline.precision.facts("fp16"), the facts the precision rules read). The
+reference evaluates the original and every member in those types.
 """
 from __future__ import annotations
 
@@ -44,18 +52,29 @@ def helper_rules(family: str, prefix: str = "aux-") -> list[str]:
     return sorted(n for n in library().rules if n.startswith(f"{family}/{prefix}"))
 
 
+def typed_program(text: str, shapes: dict, types=None, weights=()) -> Program:
+    """`text` parsed with `shapes`; `types` (see the module doc) its tensor types."""
+    program = apsat.parse(text, shapes)
+    if isinstance(types, str):
+        types = {name: types for name in shapes}
+    return Program(program.outputs, program.tensor_shapes, weights=frozenset(weights),
+                   tensor_types=dict(types or {}))
+
+
 def run_rule(rule_name: str, text: str, shapes: dict, target: str = "gpu", iter_limit: int = 8,
-             node_limit: int = 20_000, time_limit: float = 10.0, helpers=(), weights=()):
+             node_limit: int = 20_000, time_limit: float = 10.0, helpers=(), weights=(), types=None,
+             facts: str = ""):
     """Add `text` to a fresh e-graph and saturate with rule `rule_name` alone, or with the
     rules named in `helpers` beside it in its one-rule ruleset (a helper equal to
     `rule_name` is loaded once). `weights` names the tensors known at load (the program's
-    weights; rules that read weight-key need them). Returns (eg, root handle, run report);
-    the report's rule_matches count each rule by name, so `fired(report, rule_name)` still
-    means the rule under test. RuleError for an unknown rule or helper name. The e-graph
+    weights; rules that read weight-key need them); `types` and `facts`: see the module
+    doc. Returns (eg, root handle, run report); the report's rule_matches count each rule
+    by name, so `fired(report, rule_name)` still means the rule under test. RuleError for an unknown rule or helper name. The e-graph
     is fresh.fresh_egraph's: valid until the next call."""
     eg = fresh_egraph(target, declarations=True)
-    program = apsat.parse(text, shapes)
-    root = eg.add(Program(program.outputs, program.tensor_shapes, weights=frozenset(weights)))
+    root = eg.add(typed_program(text, shapes, types, weights))
+    if facts:
+        eg.load_text(facts, what=f"setting the facts of a test of {rule_name}")
     if helpers:
         lib = library()
         names = [rule_name] + [h for h in dict.fromkeys(helpers) if h != rule_name]
@@ -83,20 +102,23 @@ def members(eg, root: str, samples: int = 20) -> list[Program]:
 
 
 def check_sound(rule_name: str, text: str, shapes: dict, target: str = "gpu", seed: int = 0,
-                samples: int = 20, inputs: dict | None = None, **limits) -> int:
+                samples: int = 20, inputs: dict | None = None, rtol: float | None = None,
+                atol: float | None = None, **limits) -> int:
     """Assert the rule fires and every sampled member of the root e-class equals the
-    original program numerically; returns the number of members compared (>= 2).
+    original program numerically (within `rtol` / `atol`, default RTOL / ATOL); returns
+    the number of members compared (>= 2).
     `limits` (here and in the other check_* functions) go to run_rule: iter_limit,
-    node_limit, time_limit, helpers."""
+    node_limit, time_limit, helpers, weights, types, facts."""
     eg, root, report = run_rule(rule_name, text, shapes, target, **limits)
     assert fired(report, rule_name), f"{rule_name} did not fire on {text}"
     tensors = inputs or random_tensors(shapes, seed)
-    want = evaluate(apsat.parse(text, shapes), tensors)
+    want = evaluate(typed_program(text, shapes, limits.get("types")), tensors)
     progs = members(eg, root, samples)
     assert len(progs) >= 2, f"{rule_name}: the root e-class has no second member to compare"
     for prog in progs:
         got = evaluate(prog, tensors)
-        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL,
+        np.testing.assert_allclose(got, want, rtol=RTOL if rtol is None else rtol,
+                                   atol=ATOL if atol is None else atol,
                                    err_msg=f"{rule_name} unsound: {prog.to_text()[:300]}")
     return len(progs)
 
@@ -124,7 +146,7 @@ def check_collapses(rule_name: str, text: str, shapes: dict, pattern: str, **lim
     eg, root, report = run_rule(rule_name, text, shapes, **limits)
     assert fired(report, rule_name), f"{rule_name} did not fire on {text}"
     tensors = random_tensors(shapes)
-    want = evaluate(apsat.parse(text, shapes), tensors)
+    want = evaluate(typed_program(text, shapes, limits.get("types")), tensors)
     progs = members(eg, root)
     assert [p.to_text() for p in progs] == [pattern]
     np.testing.assert_array_equal(evaluate(progs[0], tensors), want)
