@@ -18,7 +18,7 @@ What a type means (the reference interpreter, apsat/lang/evaluate.py, is the def
   registry by apsat/lang/egg_gen.py), as one whose sides differ in shape is.
 
 Which operand positions carry the value's type (`typed_args`): every Expr argument, except
-the indices of a gather. A compute operator's result keeps its operand's type (`KEEPS`),
+the indices of a gather and the bias of an attention atom (`UNTYPED_ARGS`). A compute operator's result keeps its operand's type (`KEEPS`),
 takes its parameter's (`cast`), or is exact (`EXACT`: comparisons and logic, 0 or 1).
 """
 from __future__ import annotations
@@ -45,8 +45,10 @@ EXACT = frozenset({"equal", "less", "less-equal", "greater", "greater-equal", "l
 # whose relative error grows with their argument (exp, log, pow) or near zero (division)
 MIXED_FLOAT32 = frozenset({"softmax", "layer-norm", "rms-norm", "lrn", "reduce-sum", "reduce-mean", "exp",
                            "log", "elementwise-pow", "elementwise-div", "reciprocal", "softplus", "mish"})
-# Expr argument positions that hold indices, not values of the op's type
-INDEX_ARGS = {"access-gather": (1,)}
+# Expr argument positions that do not take the node's type: a gather's indices, and the bias
+# an attention atom adds to its float32 scores (a mask of float32's minimum is -inf in f16,
+# and a row masked everywhere, uniform in float32, would become NaN)
+UNTYPED_ARGS = {"access-gather": (1,), "attention": (2,)}
 
 
 class TypeMismatch(ShapeError):
@@ -93,7 +95,7 @@ def compute_result(op_name: str, params: tuple, operand: str | None) -> str | No
 
 def typed_args(op: str, signature) -> list[int]:
     """Positions of the Expr arguments of `op` whose elements are of the node's type."""
-    skip = INDEX_ARGS.get(op, ())
+    skip = UNTYPED_ARGS.get(op, ())
     return [i for i, kind in enumerate(signature) if kind in ("expr", "exprs") and i not in skip]
 
 
