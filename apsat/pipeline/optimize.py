@@ -142,10 +142,8 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
         one raises UnsoundRuleError naming it; report["rule_check"] says what was checked.
     progress: optional callable(phase_name) told when each phase starts.
     regions: saturate region by region, identical regions once (apsat.rules.regions); None
-        (the default) does so for a program of more than REGIONS_PAST terms whose regions
-        mostly repeat, where an iteration over the whole e-graph costs minutes (an unrolled
-        recurrence of 13,000 ONNX nodes: 252 s whole, 5 s by regions);
-        report["saturation"]["regions"] says which and why.
+        (the default) does so past REGIONS_PAST terms whose regions mostly repeat (an
+        unrolled recurrence: 252 s whole, 5 s by regions); report["saturation"]["regions"].
     lowering: the backend's options; systolic targets: im2col, fold_copies, fuse_zips
         (see apsat.backends.systolic.lower); None follows the cost model. ApsatError for
         another target or an unknown option.
@@ -156,9 +154,8 @@ def optimize(model, target: str = "gpu", rules=None, extractor: str = "greedy-da
         so that to_onnx keeps the symbolic dims.
     inputs: what verification runs on instead of seeded random inputs: name -> array, or
         the path of an .npz with one array per input (apsat.pipeline.inputs.load_inputs).
-    precision: "fp16", "bf16" or "mixed" lets the rules compute a float32 model in a half
-        type (apsat.pipeline.precision); the result is always measured against the float32
-        original and refused (PrecisionError) past `max_error` (default: 8 ulps of the type).
+    precision, max_error: "fp16", "bf16" or "mixed" computes a float32 model partly in a half
+        type, refused (PrecisionError) past max_error (apsat.pipeline.precision).
 
     Bad input raises an ApsatError. Any other exception (a bug in apsat: RecursionError,
     KeyError, AssertionError, MemoryError ...) raises apsat.errors.InternalError, which is

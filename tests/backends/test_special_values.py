@@ -75,6 +75,8 @@ def _logic(op, ins, out):
 # operator -> nodes computing it on inputs `ins` into `out` (opset 20)
 UNARY = {
     "relu": lambda i, o: [_node("Relu", i, o)],
+    # a cast to float16 and back: rounding, overflow to +-inf, NaN and -0 kept
+    "cast": lambda i, o: [_node("Cast", i, o + "_h", to=10), _node("Cast", [o + "_h"], o, to=1)],
     "negative": lambda i, o: [_node("Neg", i, o)],
     "sqrt": lambda i, o: [_node("Sqrt", i, o)],
     "exp": lambda i, o: [_node("Exp", i, o)],
@@ -311,11 +313,23 @@ def test_special_values_equal_onnxruntime(results, group, backend):
 # ---- the CUDA C kernels' scalar code, compiled for the host ----------------------------------
 
 HOST_PRELUDE = """#include <math.h>
+#include <stdint.h>
 #include <string.h>
 // the CUDA intrinsic the dialect writes infinities and NaN with, and its function qualifiers
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
 #define __device__
 #define __forceinline__ static inline
+// cuda_fp16.h and cuda_bf16.h's conversions (a cast), on the host: GCC's _Float16 rounds to
+// nearest even; bfloat16 by its bits (round to nearest even, NaN kept)
+typedef _Float16 __half;
+static inline __half __float2half_rn(float x) { return (__half)x; }
+static inline float __half2float(__half h) { return (float)h; }
+static inline float __float2bfloat16_rn(float x) {
+  uint32_t u; memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return x;
+  u += 0x7fffu + ((u >> 16) & 1u); u &= 0xffff0000u; memcpy(&x, &u, 4); return x;
+}
+static inline float __bfloat162float(float b) { return b; }
 """
 
 
@@ -355,7 +369,11 @@ def _host_library(tmp_path, functions: dict):
 
 def _operator_params(program) -> dict:
     """operator -> its literal parameters as imported (clip's bounds, elu's alpha, ...)."""
-    return {t.args[0].op: tuple(t.args[0].args) for t in program.terms() if t.op == "compute"}
+    out: dict = {}
+    for t in program.terms():      # the first of an operator (the cast to f16, not back)
+        if t.op == "compute":
+            out.setdefault(t.args[0].op, tuple(t.args[0].args))
+    return out
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the CUDA C scalar code for the host")

@@ -75,7 +75,7 @@ def export_onnx(program, model, metadata: dict | None = None, varying=frozenset(
         fuse(out, Planned(owner, _stored(program) if stored is None else stored))
     tidy(out.graph)
     if half:
-        retype(out, OPSET, CODES[half])
+        retype(out, OPSET, CODES[half], loose_half=program.float_type() == half)
     if CONTRIB not in _domains(out.graph):
         out.opset_import.pop()
     for key, value in (metadata or {}).items():

@@ -11,9 +11,9 @@ ONNX schema's type constraints:
   else float32. A float32 value bound with a half one is an exact value (an index or mask,
   which the language lets take its partner's type) and is cast to the half type;
 - a float32 initializer the walk wrote (a constant, a folded weight) takes the type its use
-  binds it to, as a literal does in the language; where nothing binds it, the half type
-  when its values are exact in it (a weight of the half model), else float32 (an index
-  table past 2048 in f16);
+  binds it to, as a literal does in the language; where nothing binds it, in a half model,
+  the half type when its values are exact in it (a weight of the model), else float32 (an
+  index table past 2048 in f16); in a float32 model computed partly in a half type, float32;
 - a graph output whose value has another type than the original's is cast to it.
 """
 from __future__ import annotations
@@ -28,15 +28,17 @@ FLOAT = TensorProto.FLOAT
 HALVES = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
 
-def retype(model: onnx.ModelProto, opset: int, half: int) -> None:
+def retype(model: onnx.ModelProto, opset: int, half: int, loose_half: bool = True) -> None:
     """Give every value of `model` (an export whose inputs and weights hold their half
     types and whose other floats are float32) its element type, in place. `half`: the
-    program's half type (ONNX code), which unbound exact initializers take."""
-    _Retyping(model, opset, half).run()
+    program's half type (ONNX code); `loose_half`: a float32 initializer nothing binds takes
+    it where its values are exact in it (a half model's weights); else (a float32 model
+    computed partly in `half`) such an initializer stays float32."""
+    _Retyping(model, opset, half if loose_half else None).run()
 
 
 class _Retyping:
-    def __init__(self, model, opset: int, half: int):
+    def __init__(self, model, opset: int, half: int | None):
         self.g, self.opset, self.half = model.graph, opset, half
         self.types = {v.name: v.type.tensor_type.elem_type for v in self.g.input}
         self.inits = {t.name: t for t in self.g.initializer}
@@ -103,6 +105,8 @@ class _Retyping:
         """The program's half type when every one of these loose initializers is exact in
         it, else None."""
         half = self.half
+        if half is None:
+            return None
         for n in names:
             a = numpy_helper.to_array(self.inits[n])
             with np.errstate(over="ignore", invalid="ignore"):
