@@ -20,15 +20,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from apsat.lang import dtypes
 from apsat.targets import gpu_calibration
 from apsat.targets.gpu_calibration import Calibration
 
 TFLOPS = {"fp32": 67.0, "tf32": 494.0, "bf16": 989.0, "fp16": 989.0}
 BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
-# the precision a product of operands of each half element type runs at (f32 operands: the
-# roofline's own precision, fp32 unless a tf32/bf16 model is asked for)
-PEAK_OF = {dtypes.F16: "fp16", dtypes.BF16: "bf16"}
+# the precision a product of operands of each half element type (apsat.lang.dtypes' names,
+# spelt out: targets sit below the language) runs at; f32 operands: the roofline's own
+# precision, fp32 unless a tf32/bf16 model is asked for
+PEAK_OF = {"f16": "fp16", "bf16": "bf16"}
 HBM_BYTES_PER_US = 3.35e6          # 3.35 TB/s
 PCIE_BYTES_PER_US = 64e3           # 64 GB/s
 LAUNCH_US = 3.0

@@ -325,9 +325,8 @@ def _attention(k: Kernel):
     each tile of BN keys, s = q.k^T + bias (masked lanes -inf), an online softmax (running
     max m_i and sum l_i, the accumulator rescaled by exp(m_old - m_new)), acc += p.v. The
     scores never leave registers. SAFE ("safe") gives 0 for a row whose softmax is NaN."""
-    ax = k.axes
+    ax, t = k.axes, k.tiles
     bsz, m, n, dd, e = (math.prod(ax[g]) for g in "bmnde")
-    t = k.tiles
     bm, bn = int(t["BM"]), int(t["BN"])
     bd, be = int(t.get("BD", attention_pad(dd))), int(t.get("BE", attention_pad(e)))
     d, ds = _dialects(k, "mask_o", "mask_s")

@@ -136,14 +136,33 @@ def test_bf16_products_compile_for_sm90_on_tensor_cores():
 
 
 @needs_nvcc
-def test_half_gemm_cuda_uses_wmma_and_compiles_without_spills(mlp_f16, tmp_path):
-    for k in lower(mlp_f16.program).kernels:
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_half_gemm_cuda_uses_wmma_and_compiles_without_spills(dtype, tmp_path):
+    from apsat.pipeline.oracle import retyped_copy
+
+    proto = _f16(models.mlp3()) if dtype == "f16" else retyped_copy(models.mlp3(), TensorProto.BFLOAT16)
+    ctype = {"f16": "__half", "bf16": "__nv_bfloat16"}[dtype]
+    for k in lower(_optimized(proto).program).kernels:
         src, launch = cuda.kernel_source(k)
-        assert "nvcuda::wmma::mma_sync" in src and "const __half* __restrict__" in src
-        assert "__float2half_rn(" in src
+        assert "nvcuda::wmma::mma_sync" in src and f"const {ctype}* __restrict__" in src
+        assert f"16, 16, 16, {ctype}, nvcuda::wmma::row_major" in src
+        assert ("__float2half_rn(" if dtype == "f16" else "__float2bfloat16_rn(") in src
         res = cuda.compile_cuda(src, tmp_path / f"{k.name}.cu")
         assert res["ok"], res["log"]
         assert res["spill_stores"] == 0 and res["spill_loads"] == 0
         t = launch["tiles"]
-        # A and B tiles in f16, the float accumulator tile
+        # A and B tiles in the half type, the float accumulator tile
         assert res["shared_bytes"] == (t["BM"] + t["BN"]) * t["BK"] * 2 + t["BM"] * t["BN"] * 4
+
+
+@needs_nvcc
+@pytest.mark.parametrize("builder", ["small_convnet", "encoder_block"])
+def test_every_f16_kernel_kind_compiles_without_spills(builder, tmp_path):
+    """Convolutions, reductions and attention on f16 buffers: clean sm_90 builds."""
+    kinds = set()
+    for k in lower(_optimized(_f16(getattr(models, builder)())).program).kernels:
+        src, _ = cuda.kernel_source(k)
+        res = cuda.compile_cuda(src, tmp_path / f"{k.name}.cu")
+        assert res["ok"] and res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
+        kinds.add(k.kind)
+    assert kinds >= ({"gemm", "reduce"} if builder == "small_convnet" else {"gemm", "attention"})
