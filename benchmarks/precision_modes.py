@@ -38,7 +38,10 @@ def run(name: str, zoo: str, path, mode: str, max_error=None) -> dict:
     start = time.perf_counter()
     proto = onnx.load(str(path))
     proto = randomize_weights(proto, seed=0) if zoo == "light" else proto
-    kw = {} if zoo == "light" else {"inputs": stored_inputs(name)}
+    kw = {}
+    if zoo == "real":
+        inputs = stored_inputs(name)
+        kw = {"inputs": inputs, "input_shapes": {k: v.shape for k, v in inputs.items()}}
     kw.update({} if mode == "fp32" else {"precision": mode, "max_error": max_error})
     try:
         result = optimize(proto, target="gpu", **kw)
