@@ -9,8 +9,11 @@ inputs) with the bound it is judged by (default: 8 ulps of the type). A run past
 is refused by apsat (PrecisionError): its row says "refused" and what was measured. Light
 models have seeded random weights (seed 0), the real zoo its own weights and stored inputs.
 
-Usage: python benchmarks/precision_modes.py [NAME_SUBSTRING ...] [--zoo light|real|all]
-                                            [--modes fp16,mixed] [--max-error E]
+`--gpu-models NAME ...` adds benchmarks/gpu_models.py's models (bert_base: BERT-base at 128
+tokens, drawn weights; mlp3_b512) after the zoos.
+
+Usage: python benchmarks/precision_modes.py [NAME_SUBSTRING ...] [--zoo light|real|all|none]
+                                            [--modes fp16,mixed] [--max-error E] [--gpu-models NAME ...]
 """
 from __future__ import annotations
 
@@ -36,9 +39,15 @@ def run(name: str, zoo: str, path, mode: str, max_error=None) -> dict:
     from apsat.pipeline.zoo import randomize_weights
 
     start = time.perf_counter()
-    proto = onnx.load(str(path))
-    proto = randomize_weights(proto, seed=0) if zoo == "light" else proto
     kw = {}
+    if zoo == "gpu_models":
+        import gpu_models
+
+        proto, inputs = gpu_models.load(name)
+        kw = {"inputs": inputs}
+    else:
+        proto = onnx.load(str(path))
+        proto = randomize_weights(proto, seed=0) if zoo == "light" else proto
     if zoo == "real":
         inputs = stored_inputs(name)
         kw = {"inputs": inputs, "input_shapes": {k: v.shape for k, v in inputs.items()}}
@@ -63,14 +72,16 @@ def _e(x) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("filters", nargs="*")
-    ap.add_argument("--zoo", choices=("light", "real", "all"), default="all")
+    ap.add_argument("--zoo", choices=("light", "real", "all", "none"), default="all")
+    ap.add_argument("--gpu-models", nargs="*", default=[])
     ap.add_argument("--modes", default="fp16,mixed")
     ap.add_argument("--max-error", type=float, default=None)
     args = ap.parse_args(argv)
     print(f"{'model':20} {'mode':6} {'status':8} {'µs':>8} {'speed-up':>8} {'kernels':>7} {'half':>8} "
           f"{'error':>9} {'bound':>9} {'s':>6}")
     rows, silent = [], 0
-    for name, zoo, path in models(args.filters, args.zoo):
+    chosen = models(args.filters, args.zoo) if args.zoo != "none" else []
+    for name, zoo, path in chosen + [(g, "gpu_models", None) for g in args.gpu_models]:
         base = None
         for mode in ["fp32"] + args.modes.split(","):
             r = run(name, zoo, path, mode, args.max_error)

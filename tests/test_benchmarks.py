@@ -119,3 +119,16 @@ def test_systolic_width_benchmark(tmp_path, capsys):
     for wb in (1, 2):
         assert by[("apsat", wb)]["cycles"] < by[("baseline", wb)]["cycles"]
     assert len(bench.stream_table(streams)) == 6 and "squeezenet" in capsys.readouterr().out
+
+
+def test_precision_modes_benchmark_on_squeezenet(capsys):
+    """benchmarks/precision_modes.py: light SqueezeNet at fp32 and fp16, the fp16 row within
+    its bound with half nodes and a speed-up, none past its bound unrefused."""
+    bench = _load("precision_modes")
+    assert bench.main(["squeezenet", "--zoo", "light", "--modes", "fp16"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[1]: line.split() for line in lines if line.startswith("squeezenet")}
+    assert set(rows) == {"fp32", "fp16"} and rows["fp16"][2] == "ok"
+    speed, half = float(rows["fp16"][4].rstrip("x")), rows["fp16"][6]
+    assert speed > 1.0 and int(half.split("/")[0]) > 0
+    assert lines[-1].endswith("0 past it unrefused")
