@@ -219,11 +219,11 @@ def _gemm(k: Kernel):
              "#pragma unroll", "for (int j = 0; j < TN; ++j) rb[j] = Bs[kk][tx + 16 * j];",
              "#pragma unroll", "for (int i = 0; i < TM; ++i)",
              "  #pragma unroll", "  for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);"]
-    products = wm.inner(k) if tc else ["#pragma unroll", "for (int kk = 0; kk < BK; ++kk) {"] + _indent(inner) + ["}"]
+    products = wm.inner(k, bm, bn) if tc else ["#pragma unroll", "for (int kk = 0; kk < BK; ++kk) {"] + _indent(inner) + ["}"]
     loop = (["for (int e = tid; e < BM * BK; e += 256) {"] + _indent(stage_a) + ["}"]
             + ["for (int e = tid; e < BK * BN; e += 256) {"] + _indent(stage_b) + ["}"]
             + ["__syncthreads();"] + products + ["__syncthreads();"])
-    lines += ["for (int ks = 0; ks < K; ks += BK) {"] + _indent(loop) + ["}"] + (wm.drain() if tc else [])
+    lines += ["for (int ks = 0; ks < K; ks += BK) {"] + _indent(loop) + ["}"] + (wm.drain(bm, bn) if tc else [])
     acc = "Cs[ty + 16 * i][tx + 16 * j]" if tc else "acc[i][j]"
     le, te = emit(d, {"out": k.values["out"]}, {"acc": acc, **stat_syms(k.stats, "ty + 16 * i")}, "ve")
     epi = (["const int rm = rm0 + ty + 16 * i, rn = rn0 + tx + 16 * j;", "if (rm < M && rn < N) {"]

@@ -164,3 +164,16 @@ def test_every_f16_kernel_kind_compiles_without_spills(builder, tmp_path):
         assert res["ok"] and res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
         kinds.add(k.kind)
     assert kinds >= ({"gemm", "reduce"} if builder == "small_convnet" else {"gemm", "attention"})
+
+
+@needs_nvcc
+@pytest.mark.parametrize("tile, guarded", [(32, True), (64, False)])
+def test_wmma_fragment_guard_only_where_warps_outnumber_fragments(mlp_f16, tile, guarded, tmp_path):
+    """32 x 32: four fragments for eight warps, so each checks that its fragment exists;
+    64 x 64: two each, no check (the checked form spilled on ResNet-50)."""
+    k = lower(mlp_f16.program, tiles={"gemm": {"BM": tile, "BN": tile, "BK": 32}}).kernels[1]
+    src, launch = cuda.kernel_source(k)
+    assert launch["tiles"]["BM"] == launch["tiles"]["BN"] == tile
+    assert ("if (f < BM / 16 * FN)" in src) == guarded
+    res = cuda.compile_cuda(src, tmp_path / f"{k.name}.cu")
+    assert res["ok"] and res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
