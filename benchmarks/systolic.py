@@ -71,18 +71,25 @@ def _program(model, array: str, plan, cache: Path, key: str, dataflow: str | Non
     model of the preset `array` (its own dataflow, or `dataflow`; the extraction is not
     repeated per fixed dataflow: on DenseNet-121 one extraction takes minutes). Cached as
     DAG text."""
-    from apsat.explore.egraph import EGraph
-    from apsat.lang.program import Program
-    from apsat.lang.syntax import parse_dag_text, to_dag_text
-    from apsat.extract import extract
-
     from apsat.targets.accelerator import PRESETS
 
-    file = cache / f"{key}-{array}{'-' + dataflow if dataflow else ''}.txt"
+    acc = PRESETS[array]
+    acc = dataclasses.replace(acc, dataflow=dataflow) if dataflow else acc
+    return extracted(model, acc, plan, cache / f"{key}-{array}{'-' + dataflow if dataflow else ''}.txt")
+
+
+def extracted(model, acc, plan, file: Path):
+    """`model`'s program saturated under `plan` (None: the target's default plan) and
+    extracted by accelerator `acc`'s cost model; cached as DAG text in `file` (a model
+    with opaque calls is not cached: their nodes are not in the text)."""
+    from apsat.explore.egraph import EGraph
+    from apsat.extract import extract
+    from apsat.lang.program import Program
+    from apsat.lang.syntax import parse_dag_text, to_dag_text
+
     if file.exists() and not model.program.opaque_nodes:
         return Program(parse_dag_text(file.read_text()), dict(model.program.tensor_shapes))
-    acc = PRESETS[array]
-    eg = EGraph(target=dataclasses.replace(acc, dataflow=dataflow) if dataflow else acc)
+    eg = EGraph(target=acc)
     handles = eg.add_outputs(model.program)
     if plan is None:
         eg.saturate()

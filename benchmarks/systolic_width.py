@@ -151,29 +151,6 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _extracted(model, acc, plan, cache: Path, key: str):
-    """`model`'s program saturated under `plan` (None: the target's default plan) and
-    extracted by `acc`'s cost model; cached as DAG text under `key`."""
-    from apsat.explore.egraph import EGraph
-    from apsat.extract import extract
-    from apsat.lang.program import Program
-    from apsat.lang.syntax import parse_dag_text, to_dag_text
-
-    file = cache / f"{key}.txt"
-    if file.exists() and not model.program.opaque_nodes:
-        return Program(parse_dag_text(file.read_text()), dict(model.program.tensor_shapes))
-    eg = EGraph(target=acc)
-    handles = eg.add_outputs(model.program)
-    if plan is None:
-        eg.saturate()
-    for rulesets, iters in plan or ():
-        eg.saturate(rules=list(rulesets), iter_limit=iters)
-    prog = extract(eg, handles)
-    if not model.program.opaque_nodes:
-        file.write_text(to_dag_text(prog.outputs))
-    return prog
-
-
 def streams(names=("squeezenet", "resnet50"), cache: Path = Path("/tmp/apsat-systolic-width")) -> list[dict]:
     """Per light model, program (baseline in os, apsat on the flexible array) and width
     (1, 2 bytes): the compiled stream's total cycles, DRAM words and bytes on the 32x32
@@ -197,7 +174,7 @@ def streams(names=("squeezenet", "resnet50"), cache: Path = Path("/tmp/apsat-sys
         for program, plan, df in (("baseline", bench.BASELINE_PLAN, "os"), ("apsat", bench.APSAT_PLAN, FLEX)):
             for wb in WIDTHS:
                 acc = dataclasses.replace(PRESETS["32x32"], dataflow=df, operand_bytes=wb)
-                prog = _extracted(model, acc, plan, cache, f"{name}-{program}-{df}-{wb}")
+                prog = bench.extracted(model, acc, plan, cache / f"{name}-{program}-{df}-{wb}.txt")
                 rep = systolic.cycles(systolic.compile(prog, acc, weights=model.weights))
                 out.append({"model": name, "program": program, "dataflow": df, "word_bytes": wb,
                             "cycles": rep["total_cycles"], "dram_words": rep["dram"]["total"],

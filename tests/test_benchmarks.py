@@ -6,17 +6,7 @@ fewer DRAM words than the unfused baseline, and the flexible array is the best o
 dataflows tried or a fixed one is."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_scripts import load_benchmark as _load
 
 
 def test_systolic_benchmark_on_squeezenet(tmp_path, capsys):

@@ -5,21 +5,10 @@ accepted. No crash, hang or memory overrun. About 40 s on 2 cores. The full run 
 cases) and its table are in docs/verification.md."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module          # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from bench_scripts import load_benchmark as _load
 
 
 fuzz = _load("fuzz")

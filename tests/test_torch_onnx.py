@@ -5,7 +5,6 @@ tensor work (shape arithmetic folded at construction) and traces as one torch.co
 graph, and what it cannot run is refused at construction with a message naming it."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -16,16 +15,11 @@ from onnx import TensorProto, helper
 
 from apsat.pipeline.zoo import light_model_paths, ort_run, randomize_weights
 
+from bench_scripts import load_benchmark as _load
+
 ROOT = Path(__file__).resolve().parent.parent
 REAL_ZOO = sorted(p.stem for p in (ROOT / "tests" / "data" / "real_zoo").glob("*.onnx"))
 SHAPE_OPS = {"Shape", "ConstantOfShape", "Range", "Constant", "Equal", "Concat", "Unsqueeze", "Slice"}
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 torch_onnx, real_zoo = _load("torch_onnx"), _load("real_zoo")

@@ -65,12 +65,13 @@ def lower_cast(ctx):
     from onnx import TensorProto
 
     floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
-    half = {TensorProto.FLOAT16: 10, TensorProto.BFLOAT16: 16}
+    half = (TensorProto.FLOAT16, TensorProto.BFLOAT16)     # the cast's parameter is the ONNX code
     to, source = ctx.attr("to", None), ctx.elem_type(0)
     if to in floats:
         if to in half and source != to:
-            return [ctx.b.compute("cast", ctx.term(0), half[to])]
-        return [ctx.b.compute("cast", ctx.term(0), 1) if source in half and to not in half else ctx.term(0)]
+            return [ctx.b.compute("cast", ctx.term(0), to)]
+        return [ctx.b.compute("cast", ctx.term(0), TensorProto.FLOAT) if source in half and to not in half
+                else ctx.term(0)]
     integral = source not in floats and source != 0
     if to == TensorProto.BOOL and source == TensorProto.BOOL:
         return [ctx.term(0)]

@@ -15,6 +15,7 @@ import onnx
 from onnx import helper
 
 from apsat.errors import ModelError
+from apsat.lang import dtypes
 from apsat.frontend.limits import type_name
 
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
@@ -22,9 +23,8 @@ FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto
 HALF_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 # the language's element type of each ONNX float type and numpy float dtype (doubles are
 # computed in f32; apsat/lang/dtypes.py)
-ONNX_FLOATS = {onnx.TensorProto.FLOAT: "f32", onnx.TensorProto.DOUBLE: "f32",
-               onnx.TensorProto.FLOAT16: "f16", onnx.TensorProto.BFLOAT16: "bf16"}
-NUMPY_FLOATS = {"float32": "f32", "float64": "f32", "float16": "f16", "bfloat16": "bf16"}
+ONNX_FLOATS = {**dtypes.NAMES, onnx.TensorProto.DOUBLE: dtypes.F32}
+NUMPY_FLOATS = {"float32": dtypes.F32, "float64": dtypes.F32, "float16": dtypes.F16, "bfloat16": dtypes.BF16}
 SKELETON_MAX_ELEMENTS = 4096   # larger float initializers reach checker/inference as inputs
 
 

@@ -46,6 +46,12 @@ CLASSIFICATION_HEAD = """\
 """
 
 
+def operator_pattern(spec) -> str:
+    """A compute operator with a pattern variable per parameter (`leaky-relu-op p0`): the
+    head of a rule that asserts facts about every instance of it."""
+    return " ".join([spec.egg] + [f"p{i}" for i in range(len(spec.params))])
+
+
 def _constructor(name: str, kinds) -> str:
     return "(" + " ".join([name] + [SORTS[k] for k in kinds]) + ")"
 
@@ -92,8 +98,7 @@ def classification_text() -> str:
     for spec in COMPUTE_OPS.values():
         if spec.kind == "chain":
             continue
-        pattern = " ".join([spec.egg] + [f"p{i}" for i in range(len(spec.params))])
-        rules.append(f"(rule ((= o ({pattern}))) ({' '.join(facts(spec))}) :ruleset shapes)")
+        rules.append(f"(rule ((= o ({operator_pattern(spec)}))) ({' '.join(facts(spec))}) :ruleset shapes)")
     return CLASSIFICATION_HEAD + "\n".join(rules)
 
 
@@ -171,8 +176,7 @@ def types_text() -> str:
     for spec in COMPUTE_OPS.values():
         if spec.kind == "chain" or spec.name == "cast" or spec.name in EXACT:
             continue
-        pattern = " ".join([spec.egg] + [f"p{i}" for i in range(len(spec.params))])
-        rules.append(f"(rule ((= o ({pattern}))) ((keeps-type o)) :ruleset shapes)")
+        rules.append(f"(rule ((= o ({operator_pattern(spec)}))) ((keeps-type o)) :ruleset shapes)")
     for spec in OPS.values():
         if spec.name in ("compute", "access-tensor", "opaque"):
             continue

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from apsat.errors import UsageError, VerificationError
 from apsat.lang.dtypes import CODES, EXACT, MIXED_FLOAT32
+from apsat.lang.egg_gen import operator_pattern
 from apsat.lang.ops import COMPUTE_OPS
 
 MODES = {"fp32": None, "fp16": "f16", "bf16": "bf16", "mixed": "f16"}
@@ -64,16 +65,11 @@ def facts(precision: str) -> str:
     """The egglog facts the precision rules read: the half type's code and one rule per
     operator the mode computes in it (chains: both parts)."""
     h = half_type(precision)
-    if precision == "mixed":
-        ops = [s for s in COMPUTE_OPS.values() if s.kind != "chain" and s.name not in MIXED_FLOAT32 | EXACT
-               and s.name != "cast"]
-    else:
-        ops = [s for s in COMPUTE_OPS.values() if s.kind != "chain" and s.name not in EXACT and s.name != "cast"]
+    never = EXACT | {"cast"} | (MIXED_FLOAT32 if precision == "mixed" else frozenset())
+    ops = [s for s in COMPUTE_OPS.values() if s.kind != "chain" and s.name not in never]
     lines = [f"(set (half-type) {CODES[h]})",
              "(rule ((= o (chain f g)) (half-ok f) (half-ok g)) ((half-ok o)) :ruleset shapes)"]
-    for s in ops:
-        pattern = " ".join([s.egg] + [f"p{i}" for i in range(len(s.params))])
-        lines.append(f"(rule ((= o ({pattern}))) ((half-ok o)) :ruleset shapes)")
+    lines += [f"(rule ((= o ({operator_pattern(s)}))) ((half-ok o)) :ruleset shapes)" for s in ops]
     return "\n".join(lines)
 
 

@@ -5,22 +5,11 @@ benchmarks/gpu_precision.py's modelled figures (fp16 faster than fp32, priced as
 emitted, verified). Times here mean nothing; what is checked is the harness."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def _load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_scripts import load_benchmark as _load
 
 
 def test_gpu_harness_times_the_fp16_model_beside_fp32(tmp_path, capsys, monkeypatch):
